@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up Lifeline on a fresh machine: a virtual environment in .venv with the package
+# and its test extras. Idempotent and quick when already done. Needs Python 3.11+ and
+# (for the dev cluster, built later on first use and cached) a Go toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.lifeline-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  touch "$stamp"
+fi

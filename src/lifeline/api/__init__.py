@@ -1,0 +1,1 @@
+"""lifeline.api (see DESIGN.md)."""

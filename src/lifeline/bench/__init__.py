@@ -1,0 +1,1 @@
+"""lifeline.bench (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""lifeline.checkpoint (see DESIGN.md)."""

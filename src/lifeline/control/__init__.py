@@ -1,0 +1,1 @@
+"""lifeline.control (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""lifeline.devcluster (see DESIGN.md)."""

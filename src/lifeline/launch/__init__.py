@@ -1,0 +1,1 @@
+"""lifeline.launch (see DESIGN.md)."""

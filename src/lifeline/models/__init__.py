@@ -1,0 +1,1 @@
+"""lifeline.models (see DESIGN.md)."""

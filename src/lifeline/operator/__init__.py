@@ -1,0 +1,1 @@
+"""lifeline.operator (see DESIGN.md)."""

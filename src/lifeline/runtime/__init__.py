@@ -1,0 +1,1 @@
+"""lifeline.runtime (see DESIGN.md)."""

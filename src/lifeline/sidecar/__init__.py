@@ -1,0 +1,1 @@
+"""lifeline.sidecar (see DESIGN.md)."""
