@@ -1,1 +1,66 @@
-"""lifeline.api (see DESIGN.md)."""
+"""lifeline.api: the TrainingJob resource as pydantic models, the one source of the CRD schema.
+
+- :mod:`lifeline.api.trainingjob` - spec and status models (camelCase on the wire).
+- :mod:`lifeline.api.load` - :func:`load_trainingjob` from YAML or a dict, errors naming the field.
+- :mod:`lifeline.api.crd` - :func:`build_crd`; ``python -m lifeline.api.crd --write``.
+- :mod:`lifeline.api.pod` - pod-level settings (``LIFELINE_*`` environment), owned by the sidecar part.
+"""
+
+from lifeline.api.load import field_path, load_trainingjob
+from lifeline.api.trainingjob import (
+    API_VERSION,
+    CONDITION_TYPES,
+    GROUP,
+    KIND,
+    PHASES,
+    PLURAL,
+    TRAINER_CONTAINER,
+    VERSION,
+    CheckpointSpec,
+    Condition,
+    ElasticSpec,
+    LayoutSpec,
+    ModelSpec,
+    PersistSpec,
+    RecoveryAction,
+    RecoveryRecord,
+    RecoverySpec,
+    SparseSpec,
+    TrainingJob,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
+
+__all__ = [
+    "API_VERSION",
+    "CONDITION_TYPES",
+    "GROUP",
+    "KIND",
+    "PHASES",
+    "PLURAL",
+    "TRAINER_CONTAINER",
+    "VERSION",
+    "CheckpointSpec",
+    "Condition",
+    "ElasticSpec",
+    "LayoutSpec",
+    "ModelSpec",
+    "PersistSpec",
+    "RecoveryAction",
+    "RecoveryRecord",
+    "RecoverySpec",
+    "SparseSpec",
+    "TrainingJob",
+    "TrainingJobSpec",
+    "TrainingJobStatus",
+    "build_crd",
+    "field_path",
+    "load_trainingjob",
+]
+
+
+def build_crd() -> dict:
+    """The TrainingJob CRD as a dict; see :func:`lifeline.api.crd.build_crd`."""
+    from lifeline.api.crd import build_crd as _build
+
+    return _build()

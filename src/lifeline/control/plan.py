@@ -1,0 +1,398 @@
+"""Plan a recovery: the cheapest rung of DESIGN.md's ladder that the surviving copies allow.
+
+:func:`plan_recovery` is pure: it reads a :class:`~lifeline.control.state.JobState`, the
+classified failures and the spec, and returns a frozen :class:`RecoveryPlan` that the operator
+(or the local launcher) applies. The rules, in order (docs/control.md gives the reasoning):
+
+1. ``GiveUp`` when ``status.restarts`` already reached ``spec.recovery.maxRestarts``.
+2. ``Reshard`` when the ranks that lost their pod cannot all be placed on healthy nodes (no
+   free capacity outside cool-down) and ``spec.recovery.elastic`` allows a smaller world:
+   fewer replica groups (data degree), world size >= ``minReplicas``.
+3. ``RestartInPlace`` when no pod was lost: every rank reloads the latest step held in
+   sidecar memory (its own L0, else a peer's L1); only the dead trainers are restarted.
+4. ``ReplacePods`` when pods were lost but every rank still has a memory copy (L0 of
+   survivors, L1 of the lost ranks on healthy peers) of a common step.
+5. ``LocalizedReplay`` (after MoEvement) when memory tiers cannot cover the lost ranks, the
+   failed ranks all sit in one pipeline stage, and the upstream logs of that stage cover
+   every step from its latest copy to the current step: only that stage restores and replays.
+6. ``Rollback`` of every rank to the latest step covered by any tier (usually L2).
+7. ``GiveUp`` when no step has a verified copy of every shard.
+
+A step is *covered* when every rank's shard at that step has a verified holding whose holder
+is alive (L0: the rank's own sidecar survived; L1: the holding peer survived; L2: always).
+Per rank the nearest tier wins (L0, then L1, then L2).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
+from lifeline.control.failures import Failure, FailureKind
+from lifeline.control.state import TIERS, Holding, JobState, Tier, stage_of
+from lifeline.errors import RecoveryError
+
+__all__ = ["RestoreSource", "PodPlacement", "RecoveryPlan", "plan_recovery"]
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """Where the shard of ``rank`` (a rank of the layout the checkpoint was saved in) is read from.
+
+    ``holder`` is the rank whose sidecar serves it (L0: ``rank`` itself, L1: the peer; ``None``
+    for L2) and ``node`` that sidecar's node (``None`` for L2).
+    """
+
+    rank: int
+    tier: Tier
+    holder: int | None
+    node: str | None
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """A pod to create for ``rank`` on ``node`` (``None``: no node has room now; the scheduler
+    places it when one does, avoiding the plan's cool-down nodes)."""
+
+    rank: int
+    node: str | None
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What to do about a failure, for generation ``generation``.
+
+    Attributes:
+        action: the ladder rung.
+        generation: the new process-group generation (``state.generation + 1``).
+        restarts: the new value of ``status.restarts``.
+        restore_step: the step the restoring ranks load (``None`` for ``GiveUp``).
+        replay_to_step: ``LocalizedReplay`` only: the step the replaying stage catches up to.
+        layout: the layout of the new generation (smaller after ``Reshard``).
+        node_of_rank: node of each rank of the new generation (``None``: not yet placed).
+        restore_ranks: ranks of the new generation that load ``restore_step`` (the others keep
+            their in-memory state: only under ``LocalizedReplay``).
+        sources: per shard of the saved layout, where to read it, ascending by rank.
+        restart_ranks: trainer containers to restart in their (kept) pods.
+        create_pods: pods to create, ascending by rank.
+        delete_ranks: pods to delete (ranks beyond a smaller world size) once the new generation
+            has restored: until then their sidecars may serve ``sources``.
+        cool_downs: ``(node, expiry seconds since epoch)`` for the job's new pods to avoid.
+        failures: the failures this plan answers.
+        reason: why this rung, in words (for events and ``status.recoveries[].reason``).
+    """
+
+    action: RecoveryAction
+    generation: int
+    restarts: int
+    restore_step: int | None
+    layout: LayoutSpec
+    node_of_rank: tuple[str | None, ...]
+    restore_ranks: tuple[int, ...]
+    sources: tuple[RestoreSource, ...]
+    restart_ranks: tuple[int, ...]
+    create_pods: tuple[PodPlacement, ...]
+    delete_ranks: tuple[int, ...]
+    cool_downs: tuple[tuple[str, float], ...]
+    failures: tuple[Failure, ...]
+    reason: str
+    replay_to_step: int | None = None
+
+    @property
+    def avoid_nodes(self) -> frozenset[str]:
+        """Nodes the job's new pods must not use (node affinity ``NotIn``)."""
+        return frozenset(node for node, _ in self.cool_downs)
+
+    @property
+    def farthest_tier(self) -> Tier | None:
+        """The farthest tier any source reads from (for ``status.recoveries[].tier``)."""
+        return max((s.tier for s in self.sources), key=TIERS.index, default=None)
+
+    def source_of(self, rank: int) -> RestoreSource:
+        """The source of ``rank``'s shard. Raises ``KeyError`` if the plan reads none for it."""
+        for source in self.sources:
+            if source.rank == rank:
+                return source
+        raise KeyError(rank)
+
+    def to_json(self) -> str:
+        """A JSON text (stable key order) that :meth:`from_json` reads back to an equal plan."""
+        data: dict[str, Any] = {
+            "action": self.action.value,
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "restoreStep": self.restore_step,
+            "replayToStep": self.replay_to_step,
+            "layout": self.layout.to_wire(),
+            "nodeOfRank": list(self.node_of_rank),
+            "restoreRanks": list(self.restore_ranks),
+            "sources": [[s.rank, s.tier, s.holder, s.node] for s in self.sources],
+            "restartRanks": list(self.restart_ranks),
+            "createPods": [[p.rank, p.node] for p in self.create_pods],
+            "deleteRanks": list(self.delete_ranks),
+            "coolDowns": [[n, t] for n, t in self.cool_downs],
+            "failures": [[f.kind.value, list(f.ranks), f.node, f.detail] for f in self.failures],
+            "reason": self.reason,
+        }
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RecoveryPlan:
+        """Read a plan written by :meth:`to_json`."""
+        d = json.loads(text)
+        return cls(
+            action=RecoveryAction(d["action"]),
+            generation=d["generation"],
+            restarts=d["restarts"],
+            restore_step=d["restoreStep"],
+            replay_to_step=d["replayToStep"],
+            layout=LayoutSpec.model_validate(d["layout"]),
+            node_of_rank=tuple(d["nodeOfRank"]),
+            restore_ranks=tuple(d["restoreRanks"]),
+            sources=tuple(RestoreSource(r, t, h, n) for r, t, h, n in d["sources"]),
+            restart_ranks=tuple(d["restartRanks"]),
+            create_pods=tuple(PodPlacement(r, n) for r, n in d["createPods"]),
+            delete_ranks=tuple(d["deleteRanks"]),
+            cool_downs=tuple((n, t) for n, t in d["coolDowns"]),
+            failures=tuple(Failure(FailureKind(k), tuple(r), n, det) for k, r, n, det in d["failures"]),
+            reason=d["reason"],
+        )
+
+
+def plan_recovery(
+    state: JobState,
+    failures: Iterable[Failure],
+    spec: TrainingJobSpec,
+    *,
+    now: float,
+) -> RecoveryPlan:
+    """Choose the cheapest recovery the surviving copies allow (rules in the module docstring).
+
+    Args:
+        state: the job and cluster as observed (node of each rank, holdings, cool-downs, ...).
+        failures: from :func:`lifeline.control.classify` (at least one).
+        spec: the TrainingJob spec (recovery and checkpoint settings).
+        now: the current time, seconds since the epoch; cool-downs expire relative to it.
+
+    Returns:
+        A :class:`RecoveryPlan`. Deterministic: equal inputs give equal plans.
+
+    Raises:
+        RecoveryError: ``failures`` is empty (there is nothing to recover from) or names a rank
+            outside the world size.
+    """
+    failures = tuple(failures)
+    if not failures:
+        raise RecoveryError("plan_recovery needs at least one failure; nothing to recover from")
+    rec = spec.recovery
+    world = state.world_size
+    outside = sorted({r for f in failures for r in f.ranks if not 0 <= r < world})
+    if outside:
+        raise RecoveryError(f"failures name ranks {outside} outside world size {world}", rank=outside[0])
+    cool = state.cluster.cooling(now)
+    known = {n.name for n in state.cluster.nodes}
+    unready = {n.name for n in state.cluster.nodes if not n.ready}
+    failed_nodes = {f.node for f in failures if f.kind.loses_memory and f.node is not None}
+    if rec.node_cooldown_seconds > 0:
+        for node in failed_nodes:
+            cool[node] = max(cool.get(node, now), now + rec.node_cooldown_seconds)
+    lost = {r for f in failures if f.kind.loses_memory for r in f.ranks}
+    lost |= {r for r, n in enumerate(state.node_of_rank) if n in unready or n not in known}
+    hang = any(f.kind is FailureKind.HANG for f in failures)
+    restart = set(range(world)) - lost if hang else {r for f in failures for r in f.ranks} - lost
+    avoid = set(cool) | failed_nodes | unready
+    what = "; ".join(f.describe() for f in failures)
+    common = {
+        "generation": state.generation + 1,
+        "restarts": state.restarts + 1,
+        "cool_downs": tuple(sorted(cool.items())),
+        "failures": failures,
+    }
+
+    def give_up(why: str) -> RecoveryPlan:
+        return RecoveryPlan(
+            action=RecoveryAction.GIVE_UP, restore_step=None, layout=state.layout, node_of_rank=state.node_of_rank,
+            restore_ranks=(), sources=(), restart_ranks=(), create_pods=(), delete_ranks=(),
+            reason=f"{what}; giving up: {why}", **{**common, "restarts": state.restarts},
+        )
+
+    if state.restarts >= rec.max_restarts:
+        return give_up(f"spec.recovery.maxRestarts ({rec.max_restarts}) reached; raise it to keep recovering")
+
+    staying = {r: state.node_of_rank[r] for r in range(world) if r not in lost}
+    placed = _place(sorted(lost), staying, state, avoid)
+    unplaced = [r for r, node in placed.items() if node is None]
+    if unplaced and rec.elastic is not None:
+        plan = _reshard(state, spec, lost, avoid, common, what)
+        if plan is not None:
+            return plan
+    node_of_rank = tuple(placed.get(r, state.node_of_rank[r]) for r in range(world))
+    create = tuple(PodPlacement(r, placed[r]) for r in sorted(lost))
+    wait = f"; ranks {unplaced} wait for a node with room" if unplaced else ""
+    everyone = tuple(range(world))
+
+    def plan(action: RecoveryAction, step: int, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
+             why: str, replay_to: int | None = None) -> RecoveryPlan:
+        return RecoveryPlan(
+            action=action, restore_step=step, layout=state.layout, node_of_rank=node_of_rank,
+            restore_ranks=ranks, sources=_with_nodes(sources, state.node_of_rank),
+            restart_ranks=tuple(sorted(restart)), create_pods=create, delete_ranks=(),
+            reason=f"{what}; {why}{wait}", replay_to_step=replay_to, **common,
+        )
+
+    usable = _usable(state, lost)
+    mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
+    any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
+    if mem_step is not None and (any_step is None or mem_step >= any_step):
+        if not lost:
+            return plan(RecoveryAction.RESTART_IN_PLACE, mem_step, mem_src, everyone,
+                        f"every rank's sidecar memory holds step {mem_step}; restarting trainers {sorted(restart)} "
+                        "in place")
+        return plan(RecoveryAction.REPLACE_PODS, mem_step, mem_src, everyone,
+                    f"replacing pods of ranks {sorted(lost)}; survivors reload step {mem_step} from L0, "
+                    "the lost ranks from peer copies (L1)")
+    replay = _localized_replay(state, spec, lost | restart, usable, hang)
+    if replay is not None:
+        step, src, ranks, stage = replay
+        return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
+                    f"only stage {stage} failed and its upstream logs cover steps {step + 1}..{state.step}: "
+                    f"ranks {list(ranks)} restore step {step} and replay", replay_to=state.step)
+    if any_step is not None:
+        return plan(RecoveryAction.ROLLBACK, any_step, any_src, everyone,
+                    f"memory tiers do not cover every rank; all ranks roll back to step {any_step}, the latest "
+                    f"step every shard has a verified copy of (farthest tier {_farthest(any_src)})")
+    return give_up("no step has a verified copy of every shard in any tier (L0, L1, L2)")
+
+
+def _farthest(sources: dict[int, RestoreSource]) -> Tier:
+    return max((s.tier for s in sources.values()), key=TIERS.index)
+
+
+def _usable(state: JobState, gone: set[int]) -> dict[tuple[int, int], dict[Tier, Holding]]:
+    """Holdings whose holder survives, as ``(step, rank) -> {tier: holding}`` (lowest holder wins)."""
+    out: dict[tuple[int, int], dict[Tier, Holding]] = {}
+    for h in sorted(state.holdings, key=lambda h: (h.step, h.rank, TIERS.index(h.tier), h.holder or 0)):
+        if h.holder is not None and h.holder in gone:
+            continue
+        if h.tier == "L0" and h.holder != h.rank:
+            continue
+        out.setdefault((h.step, h.rank), {}).setdefault(h.tier, h)
+    return out
+
+
+def _latest_covered(
+    ranks: Sequence[int],
+    usable: dict[tuple[int, int], dict[Tier, Holding]],
+    tiers: Sequence[Tier],
+    max_step: int,
+) -> tuple[int | None, dict[int, RestoreSource]]:
+    """The latest step <= ``max_step`` where every rank in ``ranks`` has a usable holding in
+    ``tiers``, with the nearest-tier source of each; ``(None, {})`` when there is none."""
+    steps = sorted({step for step, _ in usable if step <= max_step}, reverse=True)
+    for step in steps:
+        sources: dict[int, RestoreSource] = {}
+        for rank in ranks:
+            by_tier = usable.get((step, rank), {})
+            tier = next((t for t in tiers if t in by_tier), None)
+            if tier is None:
+                break
+            sources[rank] = RestoreSource(rank, tier, by_tier[tier].holder, None)
+        else:
+            return step, sources
+    return None, {}
+
+
+def _with_nodes(sources: dict[int, RestoreSource], node_of_rank: Sequence[str]) -> tuple[RestoreSource, ...]:
+    """Sources ascending by rank, each with its holder's node (``None`` for L2)."""
+    return tuple(
+        RestoreSource(s.rank, s.tier, s.holder, None if s.holder is None else node_of_rank[s.holder])
+        for _, s in sorted(sources.items())
+    )
+
+
+def _place(
+    ranks: Sequence[int], staying: dict[int, str | None], state: JobState, avoid: set[str]
+) -> dict[int, str | None]:
+    """Put each of ``ranks`` on the least-loaded healthy node with room (ties: node name);
+    ``None`` when no node has room. Load counts the pods that stay."""
+    load: dict[str, int] = {}
+    for node in staying.values():
+        if node is not None:
+            load[node] = load.get(node, 0) + 1
+    candidates = [n for n in state.cluster.nodes if n.ready and n.schedulable and n.name not in avoid]
+    out: dict[int, str | None] = {}
+    for rank in ranks:
+        free = [n for n in candidates if n.capacity is None or load.get(n.name, 0) < n.capacity]
+        if not free:
+            out[rank] = None
+            continue
+        best = min(free, key=lambda n: (load.get(n.name, 0), n.name))
+        out[rank] = best.name
+        load[best.name] = load.get(best.name, 0) + 1
+    return out
+
+
+def _localized_replay(
+    state: JobState, spec: TrainingJobSpec, failed: set[int], usable: dict, hang: bool
+) -> tuple[int, dict[int, RestoreSource], tuple[int, ...], int] | None:
+    """``(step, sources, replay ranks, stage)`` when one stage can restore and replay alone."""
+    layout = state.layout
+    if not spec.recovery.localized_replay or layout.pipeline < 2 or hang or not failed:
+        return None
+    stages = {stage_of(r, layout) for r in failed}
+    if len(stages) != 1:
+        return None
+    stage = stages.pop()
+    ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
+    step, sources = _latest_covered(ranks, usable, TIERS, state.step)
+    if step is None or step >= state.step:
+        return None
+    if not any(log.stage == stage and log.covers(step + 1, state.step) for log in state.upstream_logs):
+        return None
+    return step, sources, ranks, stage
+
+
+def _reshard(
+    state: JobState, spec: TrainingJobSpec, lost: set[int], avoid: set[str], common: dict, what: str
+) -> RecoveryPlan | None:
+    """Shrink the data degree so the new world fits the healthy nodes' capacity; ``None`` if
+    no smaller world >= ``minReplicas`` fits or no step covers every shard."""
+    assert spec.recovery.elastic is not None
+    layout = state.layout
+    per_group = layout.tensor * layout.pipeline * layout.expert
+    healthy = [n for n in state.cluster.nodes if n.ready and n.schedulable and n.name not in avoid]
+    if any(n.capacity is None for n in healthy):
+        return None  # unlimited room: the lost pods can be placed, no reshard needed
+    slots = sum(n.capacity or 0 for n in healthy)
+    data = min(layout.data - 1, slots // per_group)
+    if data < 1 or data * per_group < spec.recovery.elastic.min_replicas:
+        return None
+    new_layout = layout.model_copy(update={"data": data})
+    new_world = new_layout.world_size
+    dropped = set(range(new_world, state.world_size)) - lost
+    step, sources = _latest_covered(tuple(range(state.world_size)), _usable(state, lost), TIERS, state.step)
+    if step is None:
+        return None
+    staying = {r: state.node_of_rank[r] for r in range(new_world) if r not in lost}
+    placed = _place(sorted(set(range(new_world)) - set(staying)), staying, state, avoid)
+    node_of_rank = tuple(staying.get(r, placed.get(r)) for r in range(new_world))
+    return RecoveryPlan(
+        action=RecoveryAction.RESHARD,
+        restore_step=step,
+        layout=new_layout,
+        node_of_rank=node_of_rank,
+        restore_ranks=tuple(range(new_world)),
+        sources=_with_nodes(sources, state.node_of_rank),
+        restart_ranks=tuple(sorted(staying)),
+        create_pods=tuple(PodPlacement(r, placed[r]) for r in sorted(placed)),
+        delete_ranks=tuple(sorted(dropped)),
+        reason=(
+            f"{what}; only {slots} pod slots on healthy nodes for world size {state.world_size}: resharding to "
+            f"data degree {data} (world size {new_world}, spec.recovery.elastic.minReplicas "
+            f"{spec.recovery.elastic.min_replicas}) from step {step}"
+        ),
+        **common,
+    )

@@ -1,0 +1,148 @@
+"""What the recovery planner knows: the cluster's nodes and the job's copies (frozen, pure).
+
+The operator fills these from pods, nodes and the Redis catalog; the local launcher from its
+processes. Times are seconds since the epoch (the caller's clock, passed in as ``now``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lifeline.api.trainingjob import LayoutSpec
+from lifeline.errors import ConfigError
+
+__all__ = ["Tier", "TIERS", "NodeState", "ClusterState", "Holding", "UpstreamLog", "JobState", "stage_of"]
+
+Tier = Literal["L0", "L1", "L2"]
+TIERS: tuple[Tier, ...] = ("L0", "L1", "L2")
+
+
+def stage_of(rank: int, layout: LayoutSpec) -> int:
+    """Pipeline stage of a global rank under the Megatron rank order of :mod:`lifeline.checkpoint`
+    (tensor fastest, then expert, data, pipeline slowest): ``rank // (tensor * expert * data)``."""
+    return rank // (layout.tensor * layout.expert * layout.data)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as the planner sees it.
+
+    Attributes:
+        name: the node name.
+        ready: the node's Ready condition is True and it has no unreachable taint.
+        schedulable: new pods may go there (False when cordoned).
+        capacity: pods of this job the node can host; ``None`` when not limited.
+    """
+
+    name: str
+    ready: bool = True
+    schedulable: bool = True
+    capacity: int | None = None
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The nodes and this job's node cool-downs (``(node, expiry seconds since epoch)`` pairs)."""
+
+    nodes: tuple[NodeState, ...]
+    cool_downs: tuple[tuple[str, float], ...] = ()
+
+    def node(self, name: str) -> NodeState | None:
+        """The :class:`NodeState` named ``name``, or ``None`` if the node is unknown (deleted)."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def cooling(self, now: float) -> dict[str, float]:
+        """Cool-downs still in force at ``now``: node -> expiry (seconds since epoch)."""
+        return {node: until for node, until in self.cool_downs if until > now}
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A verified copy of one rank's shard of the checkpoint at ``step``, at ``tier``.
+
+    ``holder`` is the rank whose sidecar holds it: the rank itself for L0, the peer for L1,
+    ``None`` for L2 (object storage).
+    """
+
+    step: int
+    rank: int
+    tier: Tier
+    holder: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ConfigError(f"holding tier must be one of {TIERS}, got {self.tier!r}", field="tier")
+        if self.tier == "L2" and self.holder is not None:
+            raise ConfigError("an L2 holding has no holder rank", field="holder")
+        if self.tier != "L2" and self.holder is None:
+            raise ConfigError(f"an {self.tier} holding needs the holder rank", field="holder")
+
+    @staticmethod
+    def complete(step: int, world_size: int, tier: Tier = "L2") -> frozenset[Holding]:
+        """Every rank's shard at ``step`` in ``tier`` (L0: each rank holds its own), e.g. from the
+        catalog's latest complete L2 step."""
+        return frozenset(Holding(step, r, tier, None if tier == "L2" else r) for r in range(world_size))
+
+
+@dataclass(frozen=True)
+class UpstreamLog:
+    """Logged pipeline-boundary tensors (activations from the stage before, gradients from the
+    stage after) that let ``stage`` replay steps ``first_step``..``last_step`` (inclusive) alone."""
+
+    stage: int
+    first_step: int
+    last_step: int
+
+    def covers(self, first: int, last: int) -> bool:
+        """True when steps ``first``..``last`` (inclusive) are all logged."""
+        return self.first_step <= first and last <= self.last_step
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job at the moment a failure is acted on.
+
+    Attributes:
+        layout: the current layout (after any earlier reshard).
+        node_of_rank: node of each rank (index = global rank); length = world size.
+        cluster: the nodes and cool-downs.
+        step: latest step the trainers reached.
+        generation: current process-group generation.
+        restarts: recoveries performed so far.
+        holdings: verified copies per (step, rank, tier), from the catalog.
+        latest_complete_step: the catalog's latest complete step, if any (reported only).
+        upstream_logs: upstream-log coverage per stage (empty when localized replay is off).
+    """
+
+    layout: LayoutSpec
+    node_of_rank: tuple[str, ...]
+    cluster: ClusterState
+    step: int
+    generation: int = 0
+    restarts: int = 0
+    holdings: frozenset[Holding] = field(default_factory=frozenset)
+    latest_complete_step: int | None = None
+    upstream_logs: tuple[UpstreamLog, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.node_of_rank) != self.layout.world_size:
+            raise ConfigError(
+                f"node_of_rank has {len(self.node_of_rank)} entries but the layout's world size is "
+                f"{self.layout.world_size}",
+                field="node_of_rank",
+            )
+        for h in self.holdings:
+            if not 0 <= h.rank < self.world_size or (h.holder is not None and not 0 <= h.holder < self.world_size):
+                raise ConfigError(f"holding {h} names a rank outside world size {self.world_size}", field="holdings")
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.node_of_rank)
+
+    def ranks_on(self, nodes: Iterable[str]) -> tuple[int, ...]:
+        """Ranks whose pods run on any of ``nodes``, ascending."""
+        wanted = set(nodes)
+        return tuple(r for r, n in enumerate(self.node_of_rank) if n in wanted)

@@ -1,0 +1,230 @@
+"""plan_recovery(): every rung of the recovery ladder, and the invariants every plan keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lifeline.api import LayoutSpec, RecoveryAction, load_trainingjob
+from lifeline.control import (
+    ClusterState,
+    ContainerTerminated,
+    Failure,
+    FailureKind,
+    Holding,
+    JobState,
+    NodeCondition,
+    NodeState,
+    RecoveryPlan,
+    StepStalled,
+    UpstreamLog,
+    classify,
+    place_replicas,
+    plan_recovery,
+)
+from lifeline.errors import RecoveryError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt-moe.yaml"
+NOW = 1_000_000.0
+LAYOUT = LayoutSpec(pipeline=2, data=2)  # ranks 0,1: stage 0; ranks 2,3: stage 1
+NODE_OF_RANK = ("n0", "n1", "n2", "n3")
+
+
+def _spec(**recovery):
+    """The example's spec with spec.recovery fields replaced (wire names; None removes one)."""
+    body = yaml.safe_load(EXAMPLE.read_text())
+    for key, value in recovery.items():
+        body["spec"]["recovery"].pop(key, None)
+        if value is not None:
+            body["spec"]["recovery"][key] = value
+    return load_trainingjob(body).spec
+
+
+def _holdings(memory_steps=(40, 41), l2_steps=(30, 40), world=4, node_of_rank=NODE_OF_RANK, lost_l1=()):
+    """L0 + L1 (Gemini placement, 1 peer) at memory_steps, L2 at l2_steps."""
+    peers = place_replicas(node_of_rank[:world], 1)
+    out = set()
+    for step in memory_steps:
+        for rank in range(world):
+            out.add(Holding(step, rank, "L0", rank))
+            if rank not in lost_l1:
+                out.add(Holding(step, rank, "L1", peers[rank][0]))
+    for step in l2_steps:
+        out |= Holding.complete(step, world)
+    return frozenset(out)
+
+
+def _state(holdings=None, nodes=None, step=41, cool_downs=(), logs=(), restarts=0, layout=LAYOUT,
+           node_of_rank=NODE_OF_RANK):
+    nodes = nodes or tuple(NodeState(n) for n in ("n0", "n1", "n2", "n3", "n4"))
+    return JobState(
+        layout=layout, node_of_rank=node_of_rank, cluster=ClusterState(nodes, cool_downs), step=step,
+        generation=3, restarts=restarts, holdings=_holdings() if holdings is None else holdings,
+        latest_complete_step=41, upstream_logs=logs,
+    )
+
+
+def _lost(*nodes):
+    state = _state()
+    return classify([NodeCondition(n, ready=False) for n in nodes], node_of_rank=state.node_of_rank,
+                    hang_timeout_seconds=300)
+
+
+def test_trainer_crash_restarts_in_place_from_l0():
+    holdings = _holdings() | {Holding(42, 0, "L0", 0), Holding(42, 1, "L0", 1)}  # step 42 is not complete
+    failures = (Failure(FailureKind.TRAINER_CRASH, (2,), "n2", "exit 1"),)
+    plan = plan_recovery(_state(holdings), failures, _spec(), now=NOW)
+    assert plan.action is RecoveryAction.RESTART_IN_PLACE
+    assert (plan.generation, plan.restarts, plan.restore_step) == (4, 1, 41)
+    assert {s.tier for s in plan.sources} == {"L0"} and plan.source_of(2).node == "n2"
+    assert plan.restart_ranks == (2,) and plan.create_pods == () and plan.cool_downs == ()
+    assert plan.restore_ranks == (0, 1, 2, 3) and plan.node_of_rank == NODE_OF_RANK
+    assert plan.farthest_tier == "L0"
+
+
+def test_hang_restarts_every_trainer_in_place():
+    (hang,) = classify([StepStalled(41, 900)], node_of_rank=NODE_OF_RANK, hang_timeout_seconds=300)
+    plan = plan_recovery(_state(), [hang], _spec(), now=NOW)
+    assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restart_ranks == (0, 1, 2, 3)
+
+
+def test_lost_node_replaces_its_pod_elsewhere_and_restores_from_l1():
+    plan = plan_recovery(_state(), _lost("n3"), _spec(), now=NOW)
+    assert plan.action is RecoveryAction.REPLACE_PODS
+    assert plan.restore_step == 41
+    lost = plan.source_of(3)
+    assert (lost.tier, lost.holder, lost.node) == ("L1", 2, "n2")  # group placement: n2 <-> n3
+    assert [plan.source_of(r).tier for r in (0, 1, 2)] == ["L0", "L0", "L0"]
+    assert [(p.rank, p.node) for p in plan.create_pods] == [(3, "n4")]
+    assert plan.node_of_rank == ("n0", "n1", "n2", "n4")
+    assert plan.cool_downs == (("n3", NOW + 600),) and plan.avoid_nodes == {"n3"}
+    assert plan.restart_ranks == () and plan.farthest_tier == "L1"
+
+
+def test_cool_downs_expire_and_block_placement_until_then():
+    nodes = tuple(NodeState(n) for n in ("n0", "n1", "n2", "n3", "n4", "n5"))
+    cool = (("n4", NOW + 5), ("n5", NOW - 1))  # n4 still cooling, n5 expired
+    plan = plan_recovery(_state(nodes=nodes, cool_downs=cool), _lost("n3"), _spec(), now=NOW)
+    assert [(p.rank, p.node) for p in plan.create_pods] == [(3, "n5")]
+    assert plan.cool_downs == (("n3", NOW + 600), ("n4", NOW + 5))
+
+
+def test_losing_both_copies_rolls_back_every_rank_to_l2():
+    plan = plan_recovery(_state(), _lost("n2", "n3"), _spec(), now=NOW)
+    assert plan.action is RecoveryAction.ROLLBACK
+    assert plan.restore_step == 40  # L2 at 40; survivors still hold 40 in L0
+    assert [plan.source_of(r).tier for r in range(4)] == ["L0", "L0", "L2", "L2"]
+    assert plan.restore_ranks == (0, 1, 2, 3)
+    assert [(p.rank, p.node) for p in plan.create_pods] == [(2, "n4"), (3, "n0")]  # least loaded first
+
+
+def test_one_failed_stage_replays_alone_when_its_upstream_logs_cover_the_gap():
+    holdings = _holdings(memory_steps=(40, 41), l2_steps=(30,))
+    logs = (UpstreamLog(stage=1, first_step=31, last_step=41),)
+    plan = plan_recovery(_state(holdings, logs=logs), _lost("n2", "n3"), _spec(localizedReplay=True), now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY
+    assert (plan.restore_step, plan.replay_to_step) == (30, 41)
+    assert plan.restore_ranks == (2, 3) and [s.rank for s in plan.sources] == [2, 3]
+    # the same failure without coverage, or with replay off, rolls everyone back
+    short = (UpstreamLog(stage=1, first_step=35, last_step=41),)
+    assert plan_recovery(_state(holdings, logs=short), _lost("n2", "n3"), _spec(localizedReplay=True),
+                         now=NOW).action is RecoveryAction.ROLLBACK
+    assert plan_recovery(_state(holdings, logs=logs), _lost("n2", "n3"), _spec(), now=NOW).action is (
+        RecoveryAction.ROLLBACK
+    )
+    # failures in two stages cannot replay locally
+    two_stages = _lost("n1", "n3")
+    assert plan_recovery(_state(_holdings(lost_l1=(1, 3), l2_steps=(30,)), logs=logs), two_stages,
+                         _spec(localizedReplay=True), now=NOW).action is RecoveryAction.ROLLBACK
+
+
+def test_gives_up_without_any_verified_copy():
+    plan = plan_recovery(_state(_holdings(l2_steps=())), _lost("n2", "n3"), _spec(), now=NOW)
+    assert plan.action is RecoveryAction.GIVE_UP and plan.restore_step is None
+    assert "no step has a verified copy" in plan.reason
+    assert plan.generation == 4 and plan.restarts == 0
+
+
+def test_gives_up_after_max_restarts():
+    plan = plan_recovery(_state(restarts=10), _lost("n3"), _spec(), now=NOW)
+    assert plan.action is RecoveryAction.GIVE_UP
+    assert "maxRestarts (10)" in plan.reason and plan.restarts == 10
+
+
+def test_reshards_to_fewer_replica_groups_when_nodes_run_out():
+    nodes = tuple(NodeState(n, capacity=1) for n in ("n0", "n1", "n2", "n3"))
+    plan = plan_recovery(_state(nodes=nodes), _lost("n3"), _spec(), now=NOW)  # example: elastic minReplicas 2
+    assert plan.action is RecoveryAction.RESHARD
+    assert plan.layout == LayoutSpec(pipeline=2, data=1)
+    assert plan.node_of_rank == ("n0", "n1") and plan.restore_ranks == (0, 1)
+    assert plan.restore_step == 41 and [s.rank for s in plan.sources] == [0, 1, 2, 3]
+    assert plan.source_of(3).tier == "L1" and plan.source_of(2).tier == "L0"
+    assert plan.delete_ranks == (2,) and plan.create_pods == () and plan.restart_ranks == (0, 1)
+
+
+def test_without_elastic_unplaceable_pods_wait_for_room():
+    nodes = tuple(NodeState(n, capacity=1) for n in ("n0", "n1", "n2", "n3"))
+    spec = _spec(elastic=None)
+    plan = plan_recovery(_state(nodes=nodes), _lost("n3"), spec, now=NOW)
+    assert plan.action is RecoveryAction.REPLACE_PODS
+    assert [(p.rank, p.node) for p in plan.create_pods] == [(3, None)]
+    assert "wait for a node with room" in plan.reason
+
+
+def test_elastic_floor_is_respected():
+    nodes = tuple(NodeState(n, capacity=1) for n in ("n0", "n1", "n2", "n3"))
+    spec = _spec(elastic={"minReplicas": 4})
+    plan = plan_recovery(_state(nodes=nodes), _lost("n3"), spec, now=NOW)
+    assert plan.action is RecoveryAction.REPLACE_PODS  # cannot shrink below 4: wait instead
+
+
+def test_plans_are_deterministic_and_round_trip_through_json():
+    a = plan_recovery(_state(), _lost("n3"), _spec(), now=NOW)
+    b = plan_recovery(_state(), _lost("n3"), _spec(), now=NOW)
+    assert a == b
+    assert RecoveryPlan.from_json(a.to_json()) == a
+
+
+def test_no_failures_is_an_error():
+    with pytest.raises(RecoveryError, match="at least one failure"):
+        plan_recovery(_state(), [], _spec(), now=NOW)
+    with pytest.raises(RecoveryError, match=r"ranks \[4\] outside world size 4"):
+        plan_recovery(_state(), [Failure(FailureKind.POD_LOST, (4,), "n0")], _spec(), now=NOW)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lost_nodes=st.sets(st.sampled_from(NODE_OF_RANK), max_size=3),
+    crashed=st.sets(st.integers(0, 3), max_size=4),
+    l2=st.sets(st.sampled_from((20, 30, 40)), max_size=3),
+    replay=st.booleans(),
+)
+def test_every_plan_reads_only_surviving_copies(lost_nodes, crashed, l2, replay):
+    signals = [NodeCondition(n, ready=False) for n in lost_nodes]
+    signals += [ContainerTerminated(r, NODE_OF_RANK[r], "trainer", 1) for r in crashed]
+    failures = classify(signals, node_of_rank=NODE_OF_RANK, hang_timeout_seconds=300)
+    if not failures:
+        return
+    state = _state(_holdings(l2_steps=tuple(l2)), logs=(UpstreamLog(1, 0, 41), UpstreamLog(0, 0, 41)))
+    plan = plan_recovery(state, failures, _spec(localizedReplay=replay), now=NOW)
+    assert plan.generation == state.generation + 1
+    lost_ranks = {r for r, n in enumerate(NODE_OF_RANK) if n in lost_nodes}
+    if plan.action is RecoveryAction.GIVE_UP:
+        assert not l2 and ({"n0", "n1"} <= lost_nodes or {"n2", "n3"} <= lost_nodes)
+        return
+    assert plan.restore_step is not None and plan.restore_step <= state.step
+    assert {s.rank for s in plan.sources} == set(plan.restore_ranks)
+    for source in plan.sources:
+        assert source.holder is None or source.holder not in lost_ranks
+        assert (source.tier == "L2") == (source.node is None)
+        assert Holding(plan.restore_step, source.rank, source.tier, source.holder) in state.holdings
+    for pod in plan.create_pods:
+        assert pod.rank in lost_ranks and pod.node not in lost_nodes and pod.node is not None
+    assert {p.rank for p in plan.create_pods} == lost_ranks
+    assert set(plan.avoid_nodes) == set(lost_nodes)
+    if not lost_ranks:
+        assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restart_ranks == tuple(sorted(crashed))
