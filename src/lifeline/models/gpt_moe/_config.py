@@ -1,0 +1,129 @@
+"""The GPT-MoE model configuration (one frozen dataclass, validated against a layout)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from lifeline.checkpoint import Layout
+from lifeline.errors import ConfigError, LayoutError
+
+__all__ = ["GPTMoEConfig", "EOD_TOKEN", "BYTE_VOCAB"]
+
+BYTE_VOCAB = 256
+"""Byte-level tokens ``0..255``."""
+EOD_TOKEN = 256
+"""The end-of-document token appended after every source file (logical vocabulary 257)."""
+
+
+@dataclass(frozen=True)
+class GPTMoEConfig:
+    """Shape and training hyper-parameters of the reference GPT-MoE trainer.
+
+    Defaults train in seconds per dozen steps on 2 CPU cores. Units: sizes in elements,
+    ``corpus_bytes`` in bytes, ``lr`` per optimizer step.
+
+    * ``vocab_size`` — logical vocabulary: 256 bytes + the end-of-document token = 257. The
+      embedding and output layer are padded to a multiple of ``vocab_multiple`` rows
+      (:attr:`padded_vocab`), exercising the ``Padded`` checkpoint pattern; padding rows are
+      zero and stay zero (no token uses them, their gradients are zero).
+    * ``d_model``, ``n_layers``, ``n_heads`` — the decoder; ``positions`` is ``"rope"`` (RoPE,
+      Su et al. 2021) or ``"learned"`` (absolute embeddings, GPT-2).
+    * ``n_experts``, ``top_k``, ``d_expert`` — MoE feed-forward layers of SwiGLU experts
+      (Shazeer 2020), top-k gating, dropless (every routed token is computed);
+      ``shared_expert`` adds one always-active dense SwiGLU (DeepSeekMoE, Dai et al. 2024 §3.2).
+    * ``aux_loss_coef`` — weight α of the Switch Transformer load-balancing loss
+      (Fedus et al. 2021, §2.2, eq. 4).
+    * ``micro_batch``, ``micro_batches`` — sequences per micro-batch and micro-batches per step
+      per replica group (pipeline schedule GPipe, Huang et al. 2019).
+    * ``seq_len`` — tokens per sequence; ``corpus_bytes`` — bytes of the standard-library corpus read.
+    * ``lr``, ``betas``, ``eps``, ``weight_decay`` — AdamW (Loshchilov & Hutter 2019).
+    * ``seed`` — parameter initialisation (per tensor, layout-independent), data order, RNG per rank.
+    """
+
+    vocab_size: int = BYTE_VOCAB + 1
+    vocab_multiple: int = 64
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    positions: Literal["rope", "learned"] = "rope"
+    n_experts: int = 4
+    top_k: int = 2
+    d_expert: int = 128
+    shared_expert: bool = True
+    aux_loss_coef: float = 0.01
+    seq_len: int = 64
+    micro_batch: int = 4
+    micro_batches: int = 2
+    corpus_bytes: int = 1 << 20
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    init_std: float = 0.02
+    seed: int = 1234
+
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding/output layer: ``vocab_size`` rounded up to ``vocab_multiple``."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one replica group trains on per step: ``micro_batch * micro_batches * seq_len``."""
+        return self.micro_batch * self.micro_batches * self.seq_len
+
+    def validate(self, layout: Layout | None = None) -> GPTMoEConfig:
+        """Check the configuration (and its fit to ``layout``); returns ``self``.
+
+        Raises:
+            ConfigError: a field out of range (``field`` names it).
+            LayoutError: a layout this trainer cannot take (tensor or expert degree > 1, more
+                pipeline stages than layers).
+        """
+        positive = ("vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads", "n_experts", "top_k",
+                    "d_expert", "seq_len", "micro_batch", "micro_batches", "corpus_bytes")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1", field=name)
+        if self.vocab_size < BYTE_VOCAB + 1:
+            raise ConfigError(f"vocab_size={self.vocab_size} must be >= 257 (bytes + end-of-document)",
+                              field="vocab_size")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ConfigError(f"d_model={self.d_model} must be n_heads={self.n_heads} x an even head size",
+                              field="d_model")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]", field="top_k")
+        if self.positions not in ("rope", "learned"):
+            raise ConfigError(f"positions={self.positions!r} must be 'rope' or 'learned'", field="positions")
+        if self.corpus_bytes < 2 * (self.seq_len + 1):
+            raise ConfigError(f"corpus_bytes={self.corpus_bytes} too small for seq_len={self.seq_len}",
+                              field="corpus_bytes")
+        if layout is not None:
+            layout.validate()
+            if layout.tensor != 1 or layout.expert != 1:
+                raise LayoutError(
+                    f"gpt_moe runs tensor=1 and expert=1 (got {layout}); use pipeline and data degrees",
+                    key="layout")
+            if layout.pipeline > self.n_layers:
+                raise LayoutError(
+                    f"pipeline={layout.pipeline} stages need at least as many layers (n_layers={self.n_layers})",
+                    key="layout.pipeline")
+        return self
+
+    def to_json(self) -> str:
+        """A JSON object of every field (stable key order)."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> GPTMoEConfig:
+        """Build from a mapping of field names (e.g. parsed JSON); unknown names are a :class:`ConfigError`."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown gpt_moe config fields {unknown}; known: {sorted(known)}", field=unknown[0])
+        values = dict(values)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        return cls(**values)

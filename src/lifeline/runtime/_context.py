@@ -1,0 +1,257 @@
+"""``init()``: settings, the catalog, and the process group of the current generation."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lifeline.api.pod import TrainerSettings
+from lifeline.checkpoint import Layout
+from lifeline.errors import CatalogError, ConfigError, LayoutError, RecoveryError
+from lifeline.runtime._rendezvous import Superseded, redis_call, rendezvous
+
+__all__ = ["RuntimeContext", "init", "RecoveryPlan"]
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What the runtime needs of a recovery plan published in the catalog (``plan:<generation>``).
+
+    The plan is written by the operator or launcher (``lifeline.control``) as JSON; the runtime
+    reads ``generation`` and ``restore_step`` (the step every rank restores; ``null`` means start
+    from scratch; ``step`` is accepted as an alias). Other fields are kept in ``raw``.
+    """
+
+    generation: int
+    restore_step: int | None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, generation: int, d: dict[str, Any]) -> RecoveryPlan:
+        step = d.get("restore_step", d.get("step"))
+        return cls(int(d.get("generation", generation)), None if step is None else int(step), dict(d))
+
+
+@dataclass
+class RuntimeContext:
+    """One trainer rank's view of the job: settings, layout, catalog and process-group generation.
+
+    Attributes:
+        settings: the rank's :class:`~lifeline.api.pod.TrainerSettings`.
+        layout: the parallel layout (``world_size`` ranks).
+        rank, world_size: this rank and the number of ranks.
+        generation: the generation of the current process group (+1 at every recovery).
+        backend: ``"gloo"``, or ``"cpu:gloo,cuda:nccl"`` when a GPU exists.
+        catalog: the job's Redis catalog (``None`` for single-rank runs without Redis).
+        restarts: recoveries this process went through.
+    """
+
+    settings: TrainerSettings
+    layout: Layout
+    rank: int
+    world_size: int
+    generation: int
+    backend: str
+    catalog: Any = None
+    restarts: int = 0
+    _store: Any = field(default=None, repr=False)
+
+    @property
+    def job(self) -> str:
+        """The TrainingJob name."""
+        return self.settings.job
+
+    @property
+    def collective_timeout(self) -> timedelta:
+        """Bound of one collective (``LIFELINE_COLLECTIVE_TIMEOUT_SECONDS``): a peer silent for longer
+        is a failure. Pass it to every ``dist.new_group``."""
+        return timedelta(seconds=self.settings.collective_timeout_seconds)
+
+    # --- process group generations ------------------------------------------------------------
+    def join(self, generation: int) -> None:
+        """Rendezvous and initialise the default process group of ``generation``.
+
+        Raises:
+            Superseded: a newer generation was published while joining (join that one instead).
+            RecoveryError: the rendezvous did not complete before the deadline.
+        """
+        s = self.settings
+        self.generation = generation
+        if self.catalog is None:
+            store = dist.HashStore()
+        else:
+            store = rendezvous(self.catalog, rank=self.rank, world_size=self.world_size, generation=generation,
+                               pod_ip=s.pod_ip, timeout=s.rendezvous_timeout_seconds)
+        self._store = store
+        prefixed = dist.PrefixStore(f"lifeline/{self.job}/gen/{generation}", store)
+        self._await_members(prefixed, generation)
+        dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size,
+                                timeout=self.collective_timeout)
+
+    def _await_members(self, store, generation: int, poll: float = 0.02) -> None:
+        """Store-based join barrier: wait (up to the rendezvous timeout) until every rank of
+        ``generation`` is connected, so that a rank still finishing a failed collective of the old
+        generation delays the new group by its remaining wait, never times the others out.
+
+        Raises:
+            Superseded: the catalog moved past ``generation`` meanwhile.
+            RecoveryError: not every rank joined in time (names how many did).
+        """
+        deadline = time.monotonic() + self.settings.rendezvous_timeout_seconds
+        joined = 0
+        try:
+            store.add("joined", 1)
+            while True:
+                joined = store.add("joined", 0)
+                if joined >= self.world_size:
+                    return
+                if self.current_generation() > generation:
+                    raise Superseded(self.current_generation())
+                if time.monotonic() > deadline:
+                    raise RecoveryError(f"only {joined} of {self.world_size} ranks joined generation {generation} "
+                                        f"within {self.settings.rendezvous_timeout_seconds:.0f} s",
+                                        job=self.job, rank=self.rank)
+                time.sleep(poll)
+        except (dist.DistError, RuntimeError) as err:  # the generation's store went away
+            current = self.current_generation()
+            if current > generation:
+                raise Superseded(current) from err
+            raise RecoveryError(f"rendezvous store of generation {generation} failed: {err}",
+                                job=self.job, rank=self.rank) from err
+
+    def teardown(self) -> None:
+        """Destroy the current process group (closing its connections, which fails peers' pending
+        collectives promptly) and drop the generation's store. Never raises."""
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group may fail to shut down cleanly
+            pass
+        self._store = None
+
+    def current_generation(self) -> int:
+        """The job's generation in the catalog (this context's own without a catalog)."""
+        return self.generation if self.catalog is None else self.catalog.generation()
+
+    def plan(self, generation: int) -> RecoveryPlan | None:
+        """The recovery plan of ``generation`` from the catalog, or ``None``."""
+        if self.catalog is None:
+            return None
+        raw = self.catalog.plan(generation)
+        return None if raw is None else RecoveryPlan.from_dict(generation, raw)
+
+    def newer_plan(self) -> RecoveryPlan | None:
+        """A plan for a generation newer than ours, if the catalog has one (one Redis GET).
+
+        ``None`` as well while Redis is unreachable: a healthy rank keeps training, and a real
+        failure still surfaces as a collective error."""
+        try:
+            current = self.current_generation()
+            if current <= self.generation:
+                return None
+            return self.plan(current) or RecoveryPlan(current, None)
+        except CatalogError:
+            return None
+
+    def wait_for_plan(self, timeout: float | None = None, poll: float = 0.02) -> RecoveryPlan:
+        """Block until a plan for a generation newer than ours is published; return it.
+
+        Raises:
+            RecoveryError: none appeared within ``timeout`` seconds (default: the settings').
+        """
+        if self.catalog is None:
+            raise RecoveryError("a collective failed and no catalog (LIFELINE_REDIS_URL) can bring a recovery "
+                                "plan", job=self.job, rank=self.rank)
+        timeout = self.settings.recovery_timeout_seconds if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            plan = self.newer_plan()
+            if plan is not None and plan.raw:
+                return plan
+            if time.monotonic() > deadline:
+                raise RecoveryError(f"no recovery plan after generation {self.generation} within {timeout:.0f} s",
+                                    job=self.job, rank=self.rank)
+            time.sleep(poll)
+
+    def rejoin(self, generation: int) -> int:
+        """Tear down, then join ``generation`` — or a newer one published meanwhile. Returns the joined one."""
+        while True:
+            self.teardown()
+            try:
+                self.join(generation)
+                return generation
+            except Superseded as sup:
+                generation = sup.generation
+
+    # --- progress ------------------------------------------------------------------------------
+    def report(self, event: str, **fields: Any) -> None:
+        """Print one JSON line ``{"event", "job", "rank", "generation", ...fields}`` to stdout and record
+        it as this rank's latest progress in the catalog (hash ``lifeline:<job>:progress``)."""
+        line = json.dumps({"event": event, "job": self.job, "rank": self.rank, "generation": self.generation,
+                           "time": round(time.time(), 3), **fields}, sort_keys=True)
+        print(line, file=sys.stdout, flush=True)
+        if self.catalog is not None:
+            try:
+                redis_call(self.catalog, self.catalog.r.hset, f"{self.catalog.prefix}progress", str(self.rank), line)
+            except CatalogError as err:  # progress is best-effort: training goes on while Redis is away
+                print(json.dumps({"event": "catalog_error", "rank": self.rank, "error": str(err)}), file=sys.stderr)
+
+    def close(self) -> None:
+        """Tear down the process group and close the catalog connection."""
+        self.teardown()
+        if self.catalog is not None:
+            self.catalog.close()
+
+
+def _layout(settings: TrainerSettings) -> Layout:
+    if settings.layout is None:
+        return Layout(data=settings.world_size)
+    try:
+        layout = Layout.from_dict({"tensor": 1, "pipeline": 1, "data": 1, "expert": 1, **settings.layout})
+    except LayoutError as err:
+        raise ConfigError(f"LIFELINE_LAYOUT: {err.message}", field="layout") from None
+    if layout.world_size != settings.world_size:
+        raise ConfigError(f"LIFELINE_LAYOUT {layout.to_dict()} has {layout.world_size} ranks but "
+                          f"LIFELINE_WORLD_SIZE={settings.world_size}; make the degrees' product equal it",
+                          field="layout")
+    return layout
+
+
+def init(settings: TrainerSettings | None = None) -> RuntimeContext:
+    """Set up this trainer rank: read its settings, join the job's current process-group generation.
+
+    Reads :class:`~lifeline.api.pod.TrainerSettings` from ``LIFELINE_*`` variables when
+    ``settings`` is ``None``. The generation is ``LIFELINE_GENERATION`` or, unset, the catalog's
+    current one (a replacement rank joins the generation of the plan that started it).
+    The backend is gloo on CPU, plus nccl for CUDA tensors when a GPU exists.
+
+    Raises:
+        ConfigError: bad settings (``field`` names the variable), or world size > 1 without a
+            ``LIFELINE_REDIS_URL``.
+        RecoveryError: the rendezvous did not complete in time.
+        CatalogError: Redis is unreachable.
+    """
+    settings = settings if settings is not None else TrainerSettings.load()
+    layout = _layout(settings)
+    catalog = None
+    if settings.redis_url:
+        from lifeline.sidecar.catalog import Catalog
+
+        catalog = Catalog(settings.redis_url, settings.job, settings.world_size)
+    elif settings.world_size > 1:
+        raise ConfigError("LIFELINE_REDIS_URL is required when LIFELINE_WORLD_SIZE > 1 (the rendezvous goes "
+                          "through the catalog)", field="redis_url")
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    ctx = RuntimeContext(settings=settings, layout=layout, rank=settings.rank, world_size=settings.world_size,
+                         generation=0, backend=backend, catalog=catalog)
+    generation = settings.generation if settings.generation is not None else ctx.current_generation()
+    ctx.generation = generation
+    ctx.rejoin(generation)
+    return ctx

@@ -1,0 +1,77 @@
+"""DNS-free rendezvous of one process-group generation through the Redis catalog.
+
+Rank 0 of generation ``g`` starts a ``TCPStore`` on its pod IP (an ephemeral port) and
+publishes ``host:port`` under ``lifeline:<job>:rdzv:<g>``; every other rank polls that key
+until its deadline and connects. Peers never resolve names: the dev cluster has no DNS.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import redis
+import torch.distributed as dist
+
+from lifeline.errors import CatalogError, RecoveryError
+
+__all__ = ["rendezvous", "rendezvous_key", "redis_call", "Superseded"]
+
+RDZV_TTL_SECONDS = 7 * 24 * 3600
+
+
+class Superseded(Exception):
+    """The job moved to a newer generation while this rank was joining an older one."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"superseded by generation {generation}")
+        self.generation = generation
+
+
+def redis_call(catalog, fn, *args, **kwargs):
+    """Call a redis-py method, turning a Redis failure into :class:`CatalogError`."""
+    try:
+        return fn(*args, **kwargs)
+    except redis.RedisError as err:
+        raise CatalogError(f"Redis catalog unavailable: {err}", job=catalog.job) from err
+
+
+def rendezvous_key(catalog, generation: int) -> str:
+    """The catalog key holding generation ``generation``'s store address (``host:port``)."""
+    return f"{catalog.prefix}rdzv:{generation}"
+
+
+def rendezvous(catalog, *, rank: int, world_size: int, generation: int, pod_ip: str,
+               timeout: float, poll: float = 0.02) -> dist.TCPStore:
+    """The ``TCPStore`` of ``generation`` (hosted by rank 0, found by the others through Redis).
+
+    Args:
+        catalog: a :class:`lifeline.sidecar.catalog.Catalog` (its ``r`` client and ``prefix``).
+        timeout: seconds to wait for rank 0's address and for the store connection.
+        poll: seconds between looks at the catalog.
+
+    Raises:
+        Superseded: the catalog's generation passed ``generation`` while waiting.
+        RecoveryError: no address appeared before the deadline (names the key).
+    """
+    key = rendezvous_key(catalog, generation)
+    if rank == 0:
+        store = dist.TCPStore(pod_ip, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
+        redis_call(catalog, catalog.r.set, key, f"{pod_ip}:{store.port}", ex=RDZV_TTL_SECONDS)
+        return store
+    deadline = time.monotonic() + timeout
+    while True:
+        address = redis_call(catalog, catalog.r.get, key)
+        if address:
+            break
+        current = catalog.generation()
+        if current > generation:
+            raise Superseded(current)
+        if time.monotonic() > deadline:
+            raise RecoveryError(f"no rendezvous address for generation {generation} within {timeout:.0f} s "
+                                "(is rank 0 of this generation running?)", job=catalog.job, rank=rank, key=key)
+        time.sleep(poll)
+    host, port = address.rsplit(":", 1)
+    remaining = max(1.0, deadline - time.monotonic())
+    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timedelta(seconds=remaining))

@@ -1,0 +1,165 @@
+"""``run_training``: the training loop with checkpoints, progress reports and in-process recovery."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch.distributed as dist
+
+from lifeline.checkpoint import Layout
+from lifeline.errors import LifelineError, RecoveryError
+from lifeline.runtime._checkpointer import Checkpointer
+from lifeline.runtime._context import RecoveryPlan, RuntimeContext
+from lifeline.runtime._rendezvous import Superseded
+
+__all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
+
+
+class Trainable(Protocol):
+    """One rank's trainer as :func:`run_training` drives it (e.g. ``GPTMoETrainer``).
+
+    ``step`` is the number of completed optimizer steps; ``connect(timeout)`` builds the
+    process-group dependent parts (sub-groups, each bounded by ``timeout``) after every (re)join; ``train_step()`` runs one step and returns an
+    object with ``step``, ``loss`` (float or None), ``tokens`` and ``seconds``; ``state()`` /
+    ``load_state()`` are the checkpoint state and its inverse.
+    """
+
+    step: int
+
+    def connect(self, timeout: timedelta | None = None) -> None: ...
+
+    def train_step(self) -> Any: ...
+
+    def state(self) -> Mapping[str, Any]: ...
+
+    def load_state(self, values: Mapping[str, Any]) -> None: ...
+
+
+class ModelSpec(Protocol):
+    """Builds the :class:`Trainable` of global ``rank`` in ``layout`` (e.g. ``GPTMoESpec``)."""
+
+    def build(self, layout: Layout, rank: int) -> Trainable: ...
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """The end of :func:`run_training`: final ``step``, ``generation``, ``restarts`` of this process,
+    the ``restored`` steps in order, and ``last_loss`` (None off the last pipeline stage)."""
+
+    step: int
+    generation: int
+    restarts: int
+    restored: tuple[int, ...]
+    last_loss: float | None
+
+
+_COLLECTIVE_MARKERS = ("gloo", "connection", "closed", "reset by peer", "timed out", "timeout", "broken pipe",
+                       "nccl", "socket", "process group", "processgroup", "aborted")
+
+
+def is_collective_error(err: BaseException) -> bool:
+    """Whether ``err`` is a failure of a collective or point-to-point operation (a peer died,
+    hung or the group was torn down), as opposed to a bug in the trainer."""
+    if isinstance(err, (dist.DistError, Superseded)):
+        return True
+    if isinstance(err, (RuntimeError, ConnectionError, OSError)) and not isinstance(err, LifelineError):
+        text = str(err).lower()
+        return any(marker in text for marker in _COLLECTIVE_MARKERS)
+    return False
+
+
+def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
+             step: int | None) -> Trainable:
+    if step is None:  # nothing to restore: start over from the initial state
+        trainer = spec.build(ctx.layout, ctx.rank)
+        trainer.connect(ctx.collective_timeout)
+        ctx.report("restore", step=0, source="init")
+        return trainer
+    start = time.perf_counter()
+    values = checkpointer.restore(step, into=trainer.state())
+    trainer.load_state(values)
+    if trainer.step != step:
+        raise RecoveryError(f"checkpoint of step {step} restored a trainer at step {trainer.step}",
+                            job=ctx.job, rank=ctx.rank, step=step)
+    ctx.report("restore", step=step, seconds=round(time.perf_counter() - start, 6))
+    return trainer
+
+
+def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
+             checkpointer: Checkpointer) -> tuple[Trainable, int]:
+    """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
+    peers keep failing. Returns the trainer and the restored step (0: initial state)."""
+    while True:
+        ctx.teardown()
+        plan = ctx.wait_for_plan()
+        try:
+            generation = ctx.rejoin(plan.generation)
+            if generation != plan.generation:
+                plan = ctx.plan(generation) or RecoveryPlan(generation, plan.restore_step)
+            ctx.restarts += 1
+            trainer.connect(ctx.collective_timeout)
+            trainer = _restore(ctx, spec, trainer, checkpointer, plan.restore_step)
+            return trainer, plan.restore_step or 0
+        except Exception as err:  # noqa: BLE001
+            if not is_collective_error(err):
+                raise
+            ctx.report("failure", step=trainer.step, error=f"{type(err).__name__}: {err}"[:500])
+
+
+def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Checkpointer, steps: int,
+                 every: int = 1) -> TrainingSummary:
+    """Train until ``steps`` optimizer steps are complete, checkpointing every ``every`` steps.
+
+    At start it restores the step of the current generation's recovery plan if the catalog has
+    one, else the checkpointer's latest complete step, else starts from the initial state. After
+    each step it reports ``{"event": "step", "step", "loss", "tokens", "tokens_per_s", ...}`` (one
+    JSON line on stdout, and the rank's progress in the catalog); after every ``every``-th step
+    and the last one it saves (``checkpointer.save(step, state, generation=g)``).
+
+    On a collective error (a peer died or hung; see :func:`is_collective_error`) or a recovery
+    plan for a newer generation, it tears the process group down, waits for the plan, rejoins the
+    plan's generation, restores the plan's step and goes on — in this same process.
+
+    Raises:
+        RecoveryError: no plan came before ``recovery_timeout_seconds``, or a restore failed.
+        Any other exception of the trainer (a bug is not a collective error and is not retried).
+    """
+    trainer = model_spec.build(ctx.layout, ctx.rank)
+    trainer.connect(ctx.collective_timeout)
+    restored: list[int] = []
+    plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
+    start_step = plan.restore_step if plan is not None else checkpointer.latest_step()
+    if start_step is not None:
+        trainer = _restore(ctx, model_spec, trainer, checkpointer, start_step)
+        restored.append(start_step)
+    ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
+               layout=ctx.layout.to_dict())
+    last_loss = None
+    while trainer.step < steps:
+        try:
+            newer = ctx.newer_plan()
+            if newer is not None:
+                raise Superseded(newer.generation)
+            result = trainer.train_step()
+            last_loss = result.loss
+            ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
+                       seconds=round(result.seconds, 6),
+                       tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
+            if result.step % every == 0 or result.step == steps:
+                t0 = time.perf_counter()
+                receipt = checkpointer.save(result.step, trainer.state(), generation=ctx.generation)
+                extra = {k: getattr(receipt, k) for k in ("stall_seconds", "waited_seconds", "skipped")
+                         if hasattr(receipt, k)}
+                ctx.report("save", step=result.step, seconds=round(time.perf_counter() - t0, 6), **extra)
+        except Exception as err:  # noqa: BLE001 - classified below
+            if not is_collective_error(err) or ctx.catalog is None:
+                raise
+            ctx.report("failure", step=trainer.step, error=f"{type(err).__name__}: {err}"[:500])
+            trainer, step = _recover(ctx, model_spec, trainer, checkpointer)
+            restored.append(step)
+    ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
+    return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss)
