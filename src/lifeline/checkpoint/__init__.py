@@ -1,1 +1,48 @@
-"""lifeline.checkpoint (see DESIGN.md)."""
+"""The universal checkpoint format: save any parallel layout, load into any other.
+
+A checkpoint is one blob per rank plus a versioned manifest written last (the commit
+marker). See ``docs/checkpoint.md`` for the API, the byte format and the protocol.
+
+Names are imported lazily (PEP 562) so that ``lifeline.checkpoint.cli`` — and with it
+``lifeline --help`` — does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {}
+for _module, _names in {
+    "_layout": ["Layout", "RankCoords"],
+    "_patterns": ["Pattern", "Replicated", "Sharded", "SubParams", "Padded", "Expert", "Zero1", "PatternRules"],
+    "_plan": ["ALIGN", "ShardPlan", "plan_shard", "write_shard"],
+    "_metadata": ["DEFAULT_BLOCK_SIZE", "FORMAT_VERSION", "seal_shard", "seal_entries", "choose_block_size", "ShardMetadata",
+                  "TensorMeta", "ChunkMeta", "BytesMeta", "Manifest", "TensorRecord", "ChunkRef"],
+    "_storage": ["Storage", "FilesystemStorage", "MemoryStorage", "storage_from_uri"],
+    "_s3": ["S3Storage"],
+    "_loader": ["BlobReader", "StorageBlobReader", "LoadReport", "execute_load"],
+    "_planner": ["LoadPlan", "plan_load"],
+    "_checkpoint": ["step_prefix", "blob_key", "manifest_key", "save_blob", "persist_shard", "persist_state", "commit", "save",
+                    "save_states", "list_steps", "read_manifest", "load_shard", "load", "consolidate",
+                    "delete_step", "verify_checkpoint"],
+    "_shard": ["shard_state", "local_shape"],
+    "_state": ["Stateful", "pack_rng_state", "restore_rng_state", "stateful_entries", "load_stateful"],
+}.items():
+    for _name in _names:
+        _EXPORTS[_name] = _module
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lifeline.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lifeline.checkpoint.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,393 @@
+"""``lifeline bench checkpoint``: our format vs torch.distributed.checkpoint vs torch.save, same bytes, same storage.
+
+Rows (each peer measured in the same run, median of ``repeats``; peers take turns):
+
+- filesystem and MinIO: save and load throughput of ours (``save``: ``persist_state``, a gather
+  write from the tensors; ``ours_staged``: the sidecar path, ``write_shard`` into an arena buffer
+  then ``persist_shard``), DCP (``save``, ``async_save`` blocking time and total, ``load``) and
+  ``torch.save``/``torch.load``; and the storage's raw throughput (one object of the same
+  bytes, no framing).
+- reshard N -> M: N gloo ranks save (ours and DCP, DTensor ``Shard(0)``), then each of the M
+  target ranks loads its new shard (see :func:`bench_reshard`), ours vs DCP.
+
+Prints one JSON object. DCP on MinIO goes through :mod:`lifeline.bench._dcp_s3` (an fsspec
+filesystem over the same minio client), since s3fs conflicts with the kubernetes client's
+python-dateutil pin.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+GiB = float(1 << 30)
+
+
+def make_state(total_bytes: int, tensors: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``tensors`` float32 tensors of shape ``[rows, 1024]`` totalling about ``total_bytes`` (rows a multiple of 8)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = max(8, (total_bytes // tensors // 4096) // 8 * 8)
+    return {f"layers.{i}.weight": torch.randn(rows, 1024, generator=g) for i in range(tensors)}
+
+
+def _nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _interleaved(fns: dict[str, Callable[[int], float]], repeats: int) -> dict[str, float]:
+    """Median time of each peer; peers take turns (order rotated every repeat) so that the
+    machine's background load hits all of them alike."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            times[name].append(fns[name](i))
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Ours:
+    """Our save (plan once, write_shard into a reused buffer, seal, put, commit) and verified load."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        from lifeline.checkpoint import Layout, PatternRules, plan_shard
+
+        self.layout, self.rules = Layout(), PatternRules()
+        self.plan = plan_shard(state, self.layout, 0, self.rules)
+        self.buf = torch.empty(self.plan.nbytes, dtype=torch.uint8)
+        self.buf.fill_(0)  # fault the pages in: the sidecar's arena is allocated once
+
+    def save(self, storage: Any, prefix: str, step: int, state: dict) -> None:
+        """Direct save (``persist_state``): gather write from the tensors, checksummed in parallel."""
+        from lifeline.checkpoint import commit, persist_state
+
+        meta = persist_state(storage, prefix, self.plan, state, job="bench", step=step)
+        commit(storage, prefix, "bench", step, self.layout, [meta])
+
+    def save_staged(self, storage: Any, prefix: str, step: int, state: dict) -> None:
+        """The sidecar path: ``write_shard`` into a reused arena buffer, then ``persist_shard``."""
+        from lifeline.checkpoint import commit, persist_shard, write_shard
+
+        write_shard(self.plan, state, self.buf)
+        meta = persist_shard(storage, prefix, self.plan, self.buf, job="bench", step=step)
+        commit(storage, prefix, "bench", step, self.layout, [meta])
+
+    def load(self, storage: Any, prefix: str, step: int, into: dict) -> None:
+        from lifeline.checkpoint import load
+
+        load(storage, prefix, "bench", step, self.layout, 0, self.rules, into, threads=4)
+
+
+def _check_equal(a: dict, b: dict, what: str) -> None:
+    for k in a:
+        if not torch.equal(a[k], b[k]):
+            raise AssertionError(f"{what}: tensor {k} differs after the round trip")
+
+
+def bench_filesystem(state: dict, root: Path, repeats: int) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+
+    from lifeline.checkpoint import FilesystemStorage
+
+    n = _nbytes(state)
+    ours = _Ours(state)
+    storage = FilesystemStorage(root / "ours", fsync=True)
+    into = {k: torch.zeros_like(v) for k, v in state.items()}
+    blob = ours.buf.numpy()
+    raw_buf = bytearray(n)
+    res: dict[str, dict[str, float]] = {"ours": {}, "ours_staged": {}, "dcp": {}, "torch": {}, "raw": {}}
+
+    def dcp_path(i: int) -> str:
+        return str(root / f"dcp-{i}")
+
+    def torch_path(i: int) -> str:
+        return str(root / f"torch-{i}.pt")
+
+    saves = {
+        "ours": lambda i: _timed(lambda: ours.save(storage, "", i, state)),
+        "ours_staged": lambda i: _timed(lambda: ours.save_staged(storage, "staged", i, state)),
+        "dcp": lambda i: _timed(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(dcp_path(i)), no_dist=True)),
+        "torch": lambda i: _timed(lambda: (torch.save(state, torch_path(i)), _fsync_path(torch_path(i)))),
+        "raw": lambda i: _timed(lambda: storage.put(f"raw/{i}.bin", memoryview(blob)[:n])),
+    }
+    async_total: list[float] = []
+
+    def async_save(i: int) -> float:
+        t0 = time.perf_counter()
+        fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(str(root / f"dcp-async-{i}")), no_dist=True)
+        blocked = time.perf_counter() - t0
+        (fut.result() if hasattr(fut, "result") else fut.upload_completion.result())
+        async_total.append(time.perf_counter() - t0)
+        return blocked
+
+    medians = _interleaved({**saves, "dcp_async": async_save}, repeats)
+    for name in saves:
+        res[name]["save_s"] = medians[name]
+    res["dcp"]["async_save_block_s"] = medians["dcp_async"]
+    res["dcp"]["async_save_total_s"] = statistics.median(async_total)
+
+    loads = {
+        "ours": lambda i: _timed(lambda: ours.load(storage, "", i, into)),
+        "dcp": lambda i: _timed(lambda: dcp.load(into, storage_reader=dcp.FileSystemReader(dcp_path(i)), no_dist=True)),
+        "torch": lambda i: _timed(lambda: torch.load(torch_path(i), weights_only=True)),
+        "raw": lambda i: _timed(lambda: storage.get_into(f"raw/{i}.bin", 0, raw_buf)),
+    }
+    for name, t in _interleaved(loads, repeats).items():
+        res[name]["load_s"] = t
+    ours.load(storage, "", 0, into)
+    _check_equal(state, into, "ours/filesystem")
+    return _rates(res, n)
+
+
+def bench_minio(state: dict, root: Path, repeats: int) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+
+    from lifeline.bench._dcp_s3 import register
+    from lifeline.checkpoint import S3Storage
+    from lifeline.devcluster.services import MinioServer
+
+    n = _nbytes(state)
+    with MinioServer(state_dir=root / "minio") as server:
+        storage = S3Storage(server.endpoint, server.access_key, server.secret_key, "bench", max_concurrency=8)
+        storage.put("probe", b"x")
+        register(server.endpoint, server.access_key, server.secret_key)
+        ours = _Ours(state)
+        into = {k: torch.zeros_like(v) for k, v in state.items()}
+        blob = ours.buf.numpy()
+        raw_buf = bytearray(n)
+        res: dict[str, dict[str, float]] = {"ours": {}, "ours_staged": {}, "dcp": {}, "torch": {}, "raw": {}}
+
+        def torch_save(i: int) -> None:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            storage.put(f"torch/{i}.pt", buf.getbuffer())
+
+        saves = {
+            "ours": lambda i: _timed(lambda: ours.save(storage, "ours", i, state)),
+            "ours_staged": lambda i: _timed(lambda: ours.save_staged(storage, "staged", i, state)),
+            "dcp": lambda i: _timed(lambda: dcp.save(
+                state, storage_writer=dcp.FsspecWriter(f"lminio://bench/dcp-{i}", sync_files=False), no_dist=True)),
+            "torch": lambda i: _timed(lambda: torch_save(i)),
+            "raw": lambda i: _timed(lambda: storage.put(f"raw/{i}.bin", memoryview(blob)[:n])),
+        }
+        async_total: list[float] = []
+
+        def async_save(i: int) -> float:
+            t0 = time.perf_counter()
+            fut = dcp.async_save(state, storage_writer=dcp.FsspecWriter(f"lminio://bench/dcp-async-{i}", sync_files=False),
+                                 no_dist=True)
+            blocked = time.perf_counter() - t0
+            (fut.result() if hasattr(fut, "result") else fut.upload_completion.result())
+            async_total.append(time.perf_counter() - t0)
+            return blocked
+
+        medians = _interleaved({**saves, "dcp_async": async_save}, repeats)
+        for name in saves:
+            res[name]["save_s"] = medians[name]
+        res["dcp"]["async_save_block_s"] = medians["dcp_async"]
+        res["dcp"]["async_save_total_s"] = statistics.median(async_total)
+
+        def torch_load(i: int) -> None:
+            torch.load(io.BytesIO(storage.get(f"torch/{i}.pt")), weights_only=True)
+
+        loads = {
+            "ours": lambda i: _timed(lambda: ours.load(storage, "ours", i, into)),
+            "dcp": lambda i: _timed(lambda: dcp.load(into, storage_reader=dcp.FsspecReader(f"lminio://bench/dcp-{i}"),
+                                                     no_dist=True)),
+            "torch": lambda i: _timed(lambda: torch_load(i)),
+            "raw": lambda i: _timed(lambda: storage.get_into(f"raw/{i}.bin", 0, raw_buf)),
+        }
+        for name, t in _interleaved(loads, repeats).items():
+            res[name]["load_s"] = t
+        ours.load(storage, "ours", 0, into)
+        _check_equal(state, into, "ours/minio")
+    return _rates(res, n)
+
+
+def _rates(res: dict[str, dict[str, float]], n: int) -> dict[str, Any]:
+    for row in res.values():
+        for key in ("save", "load"):
+            if f"{key}_s" in row:
+                row[f"{key}_gibps"] = n / GiB / row[f"{key}_s"]
+    o, d, t, r = res["ours"], res["dcp"], res["torch"], res["raw"]
+    res["ratios"] = {
+        "save_vs_dcp": o["save_gibps"] / d["save_gibps"],
+        "staged_save_vs_dcp": res["ours_staged"]["save_gibps"] / d["save_gibps"],
+        "save_vs_dcp_async_total": d["async_save_total_s"] / o["save_s"],
+        "save_vs_torch": o["save_gibps"] / t["save_gibps"],
+        "save_vs_raw": o["save_gibps"] / r["save_gibps"],
+        "load_vs_dcp": o["load_gibps"] / d["load_gibps"],
+        "load_vs_torch": o["load_gibps"] / t["load_gibps"],
+        "load_vs_raw": o["load_gibps"] / r["load_gibps"],
+    }
+    return res
+
+
+# -- reshard N -> M with real gloo ranks -----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(argv: list[str]) -> None:
+    """One gloo rank of the reshard row's source layout: saves its shard with DCP (DTensor) and ours."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from lifeline.checkpoint import (FilesystemStorage, Layout, PatternRules, ShardMetadata, Sharded, commit,
+                                     persist_shard, plan_shard, shard_state, write_shard)
+
+    warnings.filterwarnings("ignore")
+    cfg = json.loads(argv[0])
+    rank, world = cfg["rank"], cfg["world"]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    full = make_state(cfg["bytes"], cfg["tensors"])
+    rules = PatternRules([("*", Sharded(0))])
+    layout = Layout(tensor=world)
+    storage = FilesystemStorage(cfg["root"] + "/ours", fsync=True)
+    dt = {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in full.items()}
+    dcp.save(dt, checkpoint_id=cfg["root"] + "/dcp")
+    local = shard_state(full, layout, rank, rules)
+    plan = plan_shard(local, layout, rank, rules)
+    buf = torch.empty(plan.nbytes, dtype=torch.uint8)
+    write_shard(plan, local, buf)
+    meta = persist_shard(storage, "", plan, buf, job="bench", step=1)
+    metas = [None] * world
+    dist.all_gather_object(metas, meta.to_json())
+    if rank == 0:
+        commit(storage, "", "bench", 1, layout, [ShardMetadata.from_json(m) for m in metas])
+    dist.destroy_process_group()
+
+
+def _run_ranks(world: int, cfg: dict) -> None:
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        arg = json.dumps({**cfg, "rank": r, "world": world, "port": port})
+        procs.append(subprocess.Popen([sys.executable, "-m", "lifeline.bench.checkpoint", "worker", arg],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    failures = []
+    for p in procs:
+        out, _ = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            failures.append(out[-3000:])
+    if failures:
+        raise RuntimeError("reshard worker failed:\n" + failures[0])
+
+
+def bench_reshard(root: Path, total: int, tensors: int, n: int, m: int, repeats: int) -> dict[str, Any]:
+    """N gloo ranks save (ours and DCP); then every one of the M target ranks loads its new shard here.
+
+    Loads run one target rank at a time in this process (DCP's DTensor targets get the
+    rank's coordinates from torch's in-process ``fake`` process group, ``no_dist=True``), ours
+    and DCP interleaved, so the figure is free of multi-process scheduling noise on small
+    machines: ``*_load_s`` is the median over repeats of the summed load time of all M ranks.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from lifeline.checkpoint import FilesystemStorage, Layout, PatternRules, Sharded, load, shard_state
+
+    _run_ranks(n, {"root": str(root), "bytes": total, "tensors": tensors, "role": "save"})
+    full = make_state(total, tensors)
+    rules = PatternRules([("*", Sharded(0))])
+    layout = Layout(tensor=m)
+    storage = FilesystemStorage(root / "ours", fsync=True)
+    times: dict[str, list[float]] = {"ours": [0.0] * repeats, "dcp": [0.0] * repeats}
+    read_bytes = 0
+    for r in range(m):
+        want = shard_state(full, layout, r, rules)
+        dist.init_process_group("fake", store=FakeStore(), rank=r, world_size=m)
+        try:
+            mesh = init_device_mesh("cpu", (m,))
+            targets = {k: DTensor.from_local(torch.zeros_like(v), mesh, [Shard(0)], run_check=False)
+                       for k, v in want.items()}
+            into = {k: torch.zeros_like(v) for k, v in want.items()}
+            for i in range(repeats):
+                times["ours"][i] += _timed(lambda: load(storage, "", "bench", 1, layout, r, rules, into, threads=4))
+                times["dcp"][i] += _timed(lambda: dcp.load(targets, checkpoint_id=str(root / "dcp"), no_dist=True))
+            for k in want:
+                if not torch.equal(into[k], want[k]) or not torch.equal(targets[k].to_local(), want[k]):
+                    raise AssertionError(f"reshard result differs for {k} on rank {r}")
+            read_bytes += sum(v.numel() * v.element_size() for v in want.values())
+        finally:
+            dist.destroy_process_group()
+    ours, dcp_s = statistics.median(times["ours"]), statistics.median(times["dcp"])
+    return {"from_ranks": n, "to_ranks": m, "bytes_loaded": read_bytes, "ours_load_s": ours, "dcp_load_s": dcp_s,
+            "ours_gibps": read_bytes / GiB / ours, "dcp_gibps": read_bytes / GiB / dcp_s,
+            "speedup_vs_dcp": dcp_s / ours}
+
+
+def run(size_mib: int = 256, tensors: int = 128, repeats: int = 5, minio: bool = True, reshard_from: int = 4,
+        reshard_to: int = 2, workdir: str | None = None) -> dict[str, Any]:
+    """Run every row; returns the JSON-ready result."""
+    warnings.filterwarnings("ignore")
+    state = make_state(size_mib << 20, tensors)
+    n = _nbytes(state)
+    root = Path(tempfile.mkdtemp(prefix="lifeline-bench-ckpt-", dir=workdir))
+    try:
+        result: dict[str, Any] = {
+            "benchmark": "checkpoint", "bytes": n, "tensors": len(state), "dtype": "float32", "repeats": repeats,
+            "torch": torch.__version__, "cpus": os.cpu_count(),
+        }
+        result["filesystem"] = bench_filesystem(state, root / "fs", repeats)
+        shutil.rmtree(root / "fs", ignore_errors=True)
+        if minio:
+            result["minio"] = bench_minio(state, root, repeats)
+            shutil.rmtree(root / "minio", ignore_errors=True)
+        del state
+        result["reshard"] = bench_reshard(root / "reshard", n, tensors, reshard_from, reshard_to, repeats)
+        rows = [result["filesystem"]] + ([result["minio"]] if minio else [])
+        result["targets"] = {
+            "save_and_load_at_least_dcp": all(r["ratios"]["save_vs_dcp"] >= 1 and r["ratios"]["load_vs_dcp"] >= 1
+                                              for r in rows),
+            "reshard_1_5x_dcp": result["reshard"]["speedup_vs_dcp"] >= 1.5,
+            "within_80pct_of_raw": all(r["ratios"]["save_vs_raw"] >= 0.8 and r["ratios"]["load_vs_raw"] >= 0.8
+                                       for r in rows),
+        }
+        return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "worker":
+        _worker(sys.argv[2:])
+    else:
+        print(json.dumps(run(), indent=1))

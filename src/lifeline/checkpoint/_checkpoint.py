@@ -1,0 +1,248 @@
+"""Whole-checkpoint operations: keys, save and commit (manifest last), list, load, consolidate."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, MutableMapping, Sequence
+
+import torch
+
+from lifeline.checkpoint._layout import Layout
+from lifeline.checkpoint._loader import LoadReport, StorageBlobReader, execute_load
+from lifeline.checkpoint._metadata import DEFAULT_BLOCK_SIZE, Manifest, ShardMetadata, seal_entries, seal_shard
+from lifeline.checkpoint._patterns import PatternRules, Replicated
+from lifeline.checkpoint._plan import ShardPlan, dtype_from_name, plan_shard, shard_buffers, write_shard
+from lifeline.checkpoint._planner import plan_load
+from lifeline.errors import ManifestError, StorageError
+
+__all__ = [
+    "step_prefix", "blob_key", "manifest_key", "save_blob", "persist_shard", "persist_state", "commit", "save", "save_states", "list_steps",
+    "read_manifest", "load_shard", "load", "consolidate", "delete_step", "verify_checkpoint",
+]
+
+_STEP_RE = re.compile(r"(\d{12})/manifest\.json$")
+
+
+def step_prefix(prefix: str, job: str, step: int) -> str:
+    """``<prefix>/<job>/<step:012d>`` (no leading slash when ``prefix`` is empty)."""
+    if step < 0:
+        raise ManifestError(f"step {step} must be >= 0", job=job, step=step)
+    return "/".join(p for p in (prefix.strip("/"), job, f"{step:012d}") if p)
+
+
+def blob_key(prefix: str, job: str, step: int, rank: int) -> str:
+    """``<prefix>/<job>/<step:012d>/rank-<r>.bin``."""
+    return f"{step_prefix(prefix, job, step)}/rank-{rank}.bin"
+
+
+def manifest_key(prefix: str, job: str, step: int) -> str:
+    """``<prefix>/<job>/<step:012d>/manifest.json``: the commit marker."""
+    return f"{step_prefix(prefix, job, step)}/manifest.json"
+
+
+def save_blob(storage: Any, prefix: str, meta: ShardMetadata, blob: Any) -> None:
+    """Put one rank's blob (``meta.nbytes`` bytes of ``blob``). Refuses to touch a committed step."""
+    if storage.exists(manifest_key(prefix, meta.job, meta.step)):
+        raise StorageError(f"step {meta.step} is already committed; delete it before saving it again",
+                           job=meta.job, step=meta.step, key=manifest_key(prefix, meta.job, meta.step))
+    data = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")[: meta.nbytes]
+    storage.put(blob_key(prefix, meta.job, meta.step, meta.rank), data)
+
+
+def persist_shard(storage: Any, prefix: str, plan: ShardPlan, blob: Any, *, job: str, step: int,
+                  block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
+    """Seal ``blob`` (written by ``write_shard(plan, ...)``) and put it, the two in parallel; returns the metadata.
+
+    Checksumming (crc32c releases the GIL) overlaps the upload/write of the same bytes, so a
+    save costs about the storage write alone. If sealing fails the stored blob is removed
+    again (the step is not committed, so nothing visible changes). Refuses a committed step.
+    """
+    key = blob_key(prefix, job, step, plan.rank)
+    if storage.exists(manifest_key(prefix, job, step)):
+        raise StorageError(f"step {step} is already committed; delete it before saving it again",
+                           job=job, step=step, key=manifest_key(prefix, job, step))
+    data = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")[: plan.nbytes]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        sealing = pool.submit(seal_shard, plan, blob, job=job, step=step, block_size=block_size)
+        try:
+            storage.put(key, data)
+        except BaseException:
+            sealing.cancel()
+            raise
+        try:
+            return sealing.result()
+        except BaseException:
+            storage.delete(key)
+            raise
+
+
+def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str, Any], *, job: str, step: int,
+                  block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
+    """Write rank ``plan.rank``'s blob straight from ``state``'s tensors (no staging copy); returns the metadata.
+
+    For a trainer persisting without a sidecar: the blob is a gather write over the tensors'
+    own memory (``writev`` on the filesystem), checksummed from the same memory in parallel.
+    The tensors must not change until it returns. Same blob bytes and guarantees as
+    :func:`write_shard` + :func:`persist_shard`.
+    """
+    key = blob_key(prefix, job, step, plan.rank)
+    if storage.exists(manifest_key(prefix, job, step)):
+        raise StorageError(f"step {step} is already committed; delete it before saving it again",
+                           job=job, step=step, key=manifest_key(prefix, job, step))
+    buffers, by_offset = shard_buffers(plan, state)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        sealing = pool.submit(seal_entries, plan, lambda off, n: by_offset[off], job=job, step=step,
+                              block_size=block_size)
+        try:
+            storage.put(key, buffers)
+        except BaseException:
+            sealing.cancel()
+            raise
+        try:
+            return sealing.result()
+        except BaseException:
+            storage.delete(key)
+            raise
+
+
+def commit(storage: Any, prefix: str, job: str, step: int, layout: Layout, shards: Sequence[ShardMetadata]) -> Manifest:
+    """Write the manifest, the commit marker, after checking every blob is stored. Returns it.
+
+    Raises :class:`ManifestError` when shards disagree and :class:`StorageError` naming a
+    missing blob; on error nothing is written.
+    """
+    manifest = Manifest.from_shards(job, step, layout, shards)
+    for r in range(layout.world_size):
+        key = blob_key(prefix, job, step, r)
+        if not storage.exists(key):
+            raise StorageError(f"blob of rank {r} is missing; save it before committing", job=job, step=step,
+                               rank=r, key=key)
+    storage.put(manifest_key(prefix, job, step), manifest.to_json().encode())
+    return manifest
+
+
+def save(storage: Any, prefix: str, job: str, step: int, layout: Layout,
+         shards_and_blobs: Sequence[tuple[ShardMetadata, Any]], *, threads: int = 4) -> Manifest:
+    """Store every rank's blob (in parallel), then commit the manifest. Returns it."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        list(pool.map(lambda mb: save_blob(storage, prefix, mb[0], mb[1]), shards_and_blobs))
+    return commit(storage, prefix, job, step, layout, [m for m, _ in shards_and_blobs])
+
+
+def save_states(storage: Any, prefix: str, job: str, step: int, layout: Layout, rules: PatternRules,
+                states: Sequence[Mapping[str, Any]], *, block_size: int | None = DEFAULT_BLOCK_SIZE) -> Manifest:
+    """Plan, write, seal and save one state per rank (``states[r]`` for rank ``r``), then commit.
+
+    A single-process convenience over :func:`plan_shard`, :func:`write_shard`,
+    :func:`seal_shard` and :func:`save`.
+    """
+    if len(states) != layout.world_size:
+        raise ManifestError(f"got {len(states)} states for world size {layout.world_size}", job=job, step=step)
+    out = []
+    for r, state in enumerate(states):
+        plan = plan_shard(state, layout, r, rules)
+        blob = bytearray(plan.nbytes)
+        write_shard(plan, state, blob)
+        out.append((seal_shard(plan, blob, job=job, step=step, block_size=block_size), blob))
+    return save(storage, prefix, job, step, layout, out)
+
+
+def list_steps(storage: Any, prefix: str, job: str) -> list[int]:
+    """Committed steps (those with a manifest) of ``job``, ascending."""
+    base = "/".join(p for p in (prefix.strip("/"), job) if p) + "/"
+    steps = set()
+    for key in storage.list(base):
+        m = _STEP_RE.fullmatch(key[len(base):])
+        if m:
+            steps.add(int(m.group(1)))
+    return sorted(steps)
+
+
+def read_manifest(storage: Any, prefix: str, job: str, step: int) -> Manifest:
+    """The manifest of ``step``. Raises :class:`ManifestError` when missing or corrupt,
+    :class:`FormatVersionError` for an unknown version."""
+    key = manifest_key(prefix, job, step)
+    try:
+        text = storage.get(key)
+    except StorageError as err:
+        raise ManifestError(f"no manifest: step {step} of job {job!r} is not committed ({err.message})",
+                            job=job, step=step, key=key) from err
+    manifest = Manifest.from_json(text, key=key)
+    if manifest.job != job or manifest.step != step:
+        raise ManifestError(f"manifest is for job={manifest.job} step={manifest.step}", job=job, step=step, key=key)
+    return manifest
+
+
+def load_shard(manifest: Manifest, reader: Any, layout: Layout, rank: int, rules: PatternRules,
+               into: MutableMapping[str, Any], *, bytes_rank: int | None = None, threads: int = 4) -> LoadReport:
+    """Load rank ``rank`` of ``layout`` from ``manifest`` through a :class:`BlobReader`.
+
+    ``into`` maps names to the target's local tensors (filled in place, verified) and byte
+    entry names to placeholders (replaced by the stored bytes). Reads only the byte ranges
+    the target needs (see :func:`plan_load`); falls back to the next copy of a chunk on
+    :class:`ChecksumError`/:class:`StorageError`. Returns a :class:`LoadReport`.
+    """
+    plan = plan_load(manifest, layout, rank, rules, into, bytes_rank=bytes_rank)
+    return execute_load(plan, manifest, reader, into, threads=threads)
+
+
+def load(storage: Any, prefix: str, job: str, step: int, layout: Layout, rank: int, rules: PatternRules,
+         into: MutableMapping[str, Any], *, bytes_rank: int | None = None, threads: int = 4) -> LoadReport:
+    """Read ``step``'s manifest from ``storage`` and :func:`load_shard` into ``into``."""
+    manifest = read_manifest(storage, prefix, job, step)
+    return load_shard(manifest, StorageBlobReader(storage, prefix, job), layout, rank, rules, into,
+                      bytes_rank=bytes_rank, threads=threads)
+
+
+def consolidate(storage: Any = None, prefix: str = "", job: str = "", step: int = 0, *,
+                manifest: Manifest | None = None, reader: Any = None, names: Sequence[str] | None = None,
+                threads: int = 4) -> dict[str, torch.Tensor]:
+    """The full logical tensors of a checkpoint (every tensor, or ``names``), verified.
+
+    Uses the same planner as a reshard, with a one-rank target that holds every tensor
+    whole. Give ``storage``/``prefix``/``job``/``step``, or ``manifest`` and a ``reader``.
+    """
+    if manifest is None:
+        manifest = read_manifest(storage, prefix, job, step)
+    if reader is None:
+        reader = StorageBlobReader(storage, prefix, job)
+    wanted = sorted(manifest.tensors) if names is None else list(names)
+    into: dict[str, Any] = {}
+    for fqn in wanted:
+        rec = manifest.tensors.get(fqn)
+        if rec is None:
+            raise ManifestError(f"checkpoint has no tensor {fqn!r}", key=fqn, step=manifest.step)
+        into[fqn] = torch.empty(rec.shape, dtype=dtype_from_name(rec.dtype))
+    load_shard(manifest, reader, Layout(), 0, PatternRules(default=Replicated()), into, threads=threads)
+    return into
+
+
+def delete_step(storage: Any, prefix: str, job: str, step: int) -> None:
+    """Remove a checkpoint: the manifest first (the step stops existing), then its blobs."""
+    storage.delete(manifest_key(prefix, job, step))
+    for key in storage.list(step_prefix(prefix, job, step) + "/"):
+        storage.delete(key)
+
+
+def verify_checkpoint(storage: Any, prefix: str, job: str, step: int) -> Manifest:
+    """Read every blob of ``step`` whole and check every chunk and byte entry; returns the manifest.
+
+    Raises :class:`ChecksumError` naming the first bad chunk, :class:`StorageError` naming a
+    missing or short blob.
+    """
+    manifest = read_manifest(storage, prefix, job, step)
+    for r, nbytes in enumerate(manifest.blobs):
+        key = blob_key(prefix, job, step, r)
+        blob = storage.get(key)
+        if len(blob) != nbytes:
+            raise StorageError(f"blob has {len(blob)} bytes, manifest says {nbytes}", job=job, step=step, rank=r, key=key)
+        mv = memoryview(blob)
+        for fqn, rec in manifest.tensors.items():
+            for ref in rec.chunks:
+                if ref.rank == r:
+                    c = ref.chunk
+                    c.verify(mv[c.byte_offset : c.byte_offset + c.byte_length], 0, name=fqn, rank=r)
+        for meta in manifest.bytes_entries.get(r, {}).values():
+            meta.verify(mv[meta.byte_offset : meta.byte_offset + meta.byte_length], rank=r)
+    return manifest

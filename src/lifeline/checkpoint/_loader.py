@@ -1,0 +1,303 @@
+"""Executing a load plan: parallel ranged reads, verification, copies, fallback to the next copy."""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, MutableMapping, Protocol, runtime_checkable
+
+import torch
+
+from lifeline.checkpoint._metadata import ChunkRef, Manifest
+from lifeline.checkpoint._planner import CopyOp, LoadPlan
+from lifeline.checkpoint._plan import copy_into, dtype_from_name
+from lifeline.errors import ChecksumError, StorageError
+
+__all__ = ["BlobReader", "StorageBlobReader", "LoadReport", "execute_load"]
+
+
+@runtime_checkable
+class BlobReader(Protocol):
+    """Serves byte ranges of rank blobs of one job's checkpoints (storage, sidecar memory, peers).
+
+    ``read`` raises :class:`StorageError` when the range cannot be served. A reader may also
+    offer ``read_into(step, rank, offset, out)`` to fill ``out`` without a copy: a writable
+    buffer, or a list of them filled one after the other (a scatter read).
+    """
+
+    def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of rank ``rank``'s blob at ``step``."""
+
+
+class StorageBlobReader:
+    """A :class:`BlobReader` over a :class:`Storage` at ``<prefix>/<job>/<step>/rank-<r>.bin``."""
+
+    def __init__(self, storage: Any, prefix: str, job: str) -> None:
+        from lifeline.checkpoint._checkpoint import blob_key
+
+        self.storage, self.prefix, self.job = storage, prefix, job
+        self._key = blob_key
+
+    def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
+        return self.storage.get(self._key(self.prefix, self.job, step, rank), offset, length)
+
+    def read_into(self, step: int, rank: int, offset: int, out: Any) -> None:
+        """Fill ``out`` (a writable buffer, or a list of them filled one after the other) from ``offset``."""
+        key = self._key(self.prefix, self.job, step, rank)
+        get_into = getattr(self.storage, "get_into", None)
+        if get_into is not None:
+            get_into(key, offset, out)
+            return
+        views = [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
+        data = self.storage.get(key, offset, sum(len(v) for v in views))
+        pos = 0
+        for v in views:
+            v[:] = data[pos : pos + len(v)]
+            pos += len(v)
+
+
+@dataclass
+class LoadReport:
+    """What a load did: bytes the target needed, bytes read (fallbacks included), copies skipped.
+
+    ``fallbacks`` lists one line per chunk whose primary copy failed (corrupt or unreadable)
+    and that was then read from another copy.
+    """
+
+    needed_bytes: int = 0
+    read_bytes: int = 0
+    reads: int = 0
+    fallbacks: list[str] = field(default_factory=list)
+
+
+def _chunk_strides(shape: tuple[int, ...]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return strides
+
+
+def _u8(buf: Any) -> torch.Tensor:
+    mv = memoryview(buf).cast("B")
+    if not len(mv):
+        return torch.empty(0, dtype=torch.uint8)
+    if mv.readonly:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(mv, dtype=torch.uint8)
+    return torch.frombuffer(mv, dtype=torch.uint8)
+
+
+def _widen(intervals, block: int, size: int) -> list[tuple[int, int]]:
+    """Widen chunk-relative intervals to ``block`` boundaries (a copy may use another block size)."""
+    out: list[list[int]] = []
+    for a, b in intervals:
+        a, b = a // block * block, min(size, -(-b // block) * block)
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+class _Executor:
+    def __init__(self, plan: LoadPlan, manifest: Manifest, reader: Any, into: MutableMapping[str, Any]) -> None:
+        self.plan, self.manifest, self.reader, self.into = plan, manifest, reader, into
+        self.report = LoadReport(needed_bytes=plan.needed_bytes)
+        self.lock = threading.Lock()
+        self.op_reads: list[list[int]] = [[] for _ in plan.ops]
+        for ri, r in enumerate(plan.reads):
+            for i in r.ops:
+                self.op_reads[i].append(ri)
+        self.pending = [len(x) for x in self.op_reads]
+        self.refs = [len(r.ops) for r in plan.reads]
+        self.buffers: dict[int, Any] = {}
+        self.failed: dict[int, Exception] = {}
+
+    # -- destinations -------------------------------------------------------------------
+    def _dst(self, op: CopyOp) -> torch.Tensor:
+        flat = self.into[op.fqn].view(-1)
+        p = op.piece
+        base = flat[p.base : p.base + math.prod(p.base_shape)].view(p.base_shape)
+        return base[tuple(slice(o, o + n) for o, n in zip(op.dst_offsets, op.lengths))]
+
+    def _src(self, op: CopyOp, data: torch.Tensor) -> torch.Tensor:
+        """``data``: uint8 bytes of the chunk from ``op.span[0]`` to ``op.span[1]``."""
+        dtype = dtype_from_name(op.dtype)
+        return data.view(dtype).as_strided(op.lengths, _chunk_strides(op.chunk_lengths))
+
+    def _direct_dst(self, i: int) -> torch.Tensor | None:
+        """The destination bytes of op ``i`` when its whole chunk can be read straight into them."""
+        op = self.plan.ops[i]
+        c = op.copies[0].chunk
+        if (not op.whole_chunk or len(self.op_reads[i]) != 1 or op.intervals != ((0, c.byte_length),)
+                or not hasattr(self.reader, "read_into")):
+            return None
+        dst = self._dst(op)
+        return dst.reshape(-1).view(torch.uint8) if dst.is_contiguous() else None
+
+    def _segments(self, ri: int) -> list[tuple[int, int, torch.Tensor, int | None]]:
+        """Scatter list of read ``ri``: ``(abs_start, abs_end, uint8 buffer, direct op or None)``."""
+        r = self.plan.reads[ri]
+        direct = []
+        for i in r.ops:
+            dst = self._direct_dst(i)
+            if dst is not None:
+                direct.append((self.plan.ops[i].copies[0].chunk.byte_offset, i, dst))
+        direct.sort(key=lambda x: x[0])
+        segs: list[tuple[int, int, torch.Tensor, int | None]] = []
+        cursor, end = r.byte_offset, r.byte_offset + r.byte_length
+        for off, i, dst in direct:
+            if off > cursor:
+                segs.append((cursor, off, torch.empty(off - cursor, dtype=torch.uint8), None))
+            segs.append((off, off + dst.numel(), dst, i))
+            cursor = off + dst.numel()
+        if cursor < end:
+            segs.append((cursor, end, torch.empty(end - cursor, dtype=torch.uint8), None))
+        return segs
+
+    @staticmethod
+    def _region(segs, lo: int, hi: int) -> torch.Tensor | None:
+        for a, b, buf, _ in segs:
+            if a <= lo and hi <= b:
+                return buf[lo - a : hi - a]
+        return None
+
+    # -- reads --------------------------------------------------------------------------
+    def _verify(self, op: CopyOp, ref: ChunkRef, segs, done: set) -> None:
+        c = ref.chunk
+        for a, b in op.intervals:
+            key = (c.byte_offset, a, b)
+            region = self._region(segs, c.byte_offset + a, c.byte_offset + b)
+            if key in done or region is None:  # already checked, or another read's
+                continue
+            c.verify(memoryview(region.numpy()), a, name=op.fqn, rank=ref.rank)
+            done.add(key)
+
+    def do_read(self, ri: int) -> None:
+        r = self.plan.reads[ri]
+        step = self.plan.step
+        segs: Any = None
+        try:
+            if hasattr(self.reader, "read_into"):
+                segs = self._segments(ri)
+                self.reader.read_into(step, r.rank, r.byte_offset, [seg[2].numpy() for seg in segs])
+            else:
+                data = self.reader.read(step, r.rank, r.byte_offset, r.byte_length)
+                if len(data) != r.byte_length:
+                    raise StorageError(f"short read of rank {r.rank}'s blob: {len(data)} of {r.byte_length} bytes",
+                                       rank=r.rank, step=step)
+                segs = [(r.byte_offset, r.byte_offset + r.byte_length, _u8(data), None)]
+            err = None
+        except StorageError as e:  # the read itself failed: every op of it needs another copy
+            segs, err = None, e
+        bad: dict[int, ChecksumError] = {}
+        if segs is not None:  # verify op by op: a corrupt chunk fails over alone
+            done: set = set()
+            for i in r.ops:
+                try:
+                    self._verify(self.plan.ops[i], self.plan.ops[i].copies[0], segs, done)
+                except ChecksumError as e:
+                    bad[i] = e
+        ready = []
+        with self.lock:
+            self.report.read_bytes += r.byte_length
+            self.report.reads += 1
+            self.buffers[ri] = segs
+            for i in r.ops:
+                if err is not None or i in bad:
+                    self.failed.setdefault(i, err if err is not None else bad[i])
+                self.pending[i] -= 1
+                if self.pending[i] == 0:
+                    ready.append(i)
+        direct = {seg[3] for seg in segs or () if seg[3] is not None}
+        for i in ready:
+            try:
+                if i in self.failed:
+                    self._fallback(i)
+                elif i not in direct:
+                    self._copy(i)
+            finally:
+                with self.lock:
+                    for rj in self.op_reads[i]:
+                        self.refs[rj] -= 1
+                        if self.refs[rj] == 0:
+                            self.buffers.pop(rj, None)
+
+    def _copy(self, i: int) -> None:
+        op = self.plan.ops[i]
+        base = op.copies[0].chunk.byte_offset
+        first, end = base + op.span[0], base + op.span[1]
+        reads = self.op_reads[i]
+        data = self._region(self.buffers[reads[0]], first, end) if len(reads) == 1 else None
+        if data is None:
+            data = torch.empty(end - first, dtype=torch.uint8)
+            for ri in reads:
+                for a, b, buf, _ in self.buffers[ri]:
+                    lo, hi = max(first, a), min(end, b)
+                    if lo < hi:
+                        data[lo - first : hi - first] = buf[lo - a : hi - a]
+        copy_into(self._dst(op), self._src(op, data))
+
+    def _fallback(self, i: int) -> None:
+        op = self.plan.ops[i]
+        first_err = self.failed[i]
+        for ref in op.copies[1:]:
+            try:
+                c = ref.chunk
+                staging = torch.empty(op.span[1] - op.span[0], dtype=torch.uint8)
+                for a, b in _widen(op.intervals, c.block_size, c.byte_length):
+                    raw = self.reader.read(self.plan.step, ref.rank, c.byte_offset + a, b - a)
+                    with self.lock:
+                        self.report.read_bytes += b - a
+                        self.report.reads += 1
+                    mv = memoryview(raw)
+                    c.verify(mv, a, name=op.fqn, rank=ref.rank)
+                    lo, hi = max(a, op.span[0]), min(b, op.span[1])
+                    if lo < hi:
+                        staging[lo - op.span[0] : hi - op.span[0]] = _u8(mv)[lo - a : hi - a]
+                copy_into(self._dst(op), self._src(op, staging))
+                with self.lock:
+                    self.report.fallbacks.append(
+                        f"{op.fqn}@{list(op.copies[0].chunk.offsets)}: rank {op.copies[0].rank} failed "
+                        f"({first_err.message}); used rank {ref.rank}")
+                return
+            except (ChecksumError, StorageError):
+                continue
+        raise first_err
+
+    def run(self, threads: int) -> LoadReport:
+        errors: list[BaseException] = []
+        if threads <= 1 or len(self.plan.reads) <= 1:
+            for ri in range(len(self.plan.reads)):
+                self.do_read(ri)
+        else:
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lifeline-load") as pool:
+                futures = [pool.submit(self.do_read, ri) for ri in range(len(self.plan.reads))]
+                for f in futures:
+                    e = f.exception()
+                    if e is not None:
+                        errors.append(e)
+            if errors:
+                raise errors[0]
+        for key, (rank, meta) in self.plan.bytes_entries.items():
+            data = self.reader.read(self.plan.step, rank, meta.byte_offset, meta.byte_length) if meta.byte_length else b""
+            self.report.read_bytes += meta.byte_length
+            meta.verify(memoryview(data), rank=rank)
+            self.into[key] = bytes(data)
+        return self.report
+
+
+def execute_load(plan: LoadPlan, manifest: Manifest, reader: Any, into: MutableMapping[str, Any],
+                 *, threads: int = 4) -> LoadReport:
+    """Run ``plan``: fill the tensors of ``into`` in place and set its byte entries.
+
+    Reads run on ``threads`` threads. A chunk whose primary copy fails verification or
+    cannot be read is read from the next copy; when none is left the first error
+    (:class:`ChecksumError` or :class:`StorageError`, naming the tensor and chunk) is raised
+    and ``into`` may be partly written.
+    """
+    return _Executor(plan, manifest, reader, into).run(threads)

@@ -1,0 +1,211 @@
+"""S3 storage through the ``minio`` client: multipart upload, ranged GET, bounded concurrency, retries."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error, ServerError
+
+from lifeline.errors import StorageError
+
+__all__ = ["S3Storage"]
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
+                    "XMinioServerNotInitialized", "XMinioStorageFull", "OperationAborted"}
+_MISSING_CODES = {"NoSuchKey", "NoSuchObject", "NoSuchBucket"}
+
+
+class _Reader:
+    """A file-like reader over a buffer or a list of buffers (minio reads parts from it)."""
+
+    def __init__(self, data: Any) -> None:
+        self._views = [v for v in (memoryview(b).cast("B") for b in (data if isinstance(data, list) else [data]))
+                       if len(v)]
+        self.length = sum(len(v) for v in self._views)
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.length if n is None or n < 0 else n
+        parts = []
+        while want > 0 and self._views:
+            head = self._views[0]
+            take = head[:want]
+            parts.append(take)
+            want -= len(take)
+            if len(take) == len(head):
+                self._views.pop(0)
+            else:
+                self._views[0] = head[len(take):]
+        self.length -= sum(len(p) for p in parts)
+        return b"".join(parts)
+
+
+class S3Storage:
+    """Objects in an S3 bucket (MinIO or AWS) under keys ``<key>``.
+
+    Args:
+        endpoint: ``host:port`` of the S3 server.
+        access_key, secret_key: credentials.
+        bucket: bucket name; created when missing and ``create_bucket`` is true.
+        secure: use TLS.
+        part_size: multipart part size in bytes (>= 5 MiB); objects larger use a parallel
+            multipart upload (S3 makes the object visible atomically on completion).
+        max_concurrency: bound on parallel part uploads per ``put`` and on pooled connections.
+        retries: attempts per operation on transient errors (connection errors, 5xx,
+            ``SlowDown``), with exponential backoff from ``backoff_s`` seconds plus jitter.
+        timeout_s: connect/read timeout per request, seconds.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        bucket: str,
+        secure: bool = False,
+        *,
+        region: str | None = None,
+        part_size: int = 16 << 20,
+        max_concurrency: int = 8,
+        retries: int = 5,
+        backoff_s: float = 0.1,
+        timeout_s: float = 60.0,
+        create_bucket: bool = True,
+    ) -> None:
+        if part_size < 5 << 20:
+            raise StorageError(f"part_size={part_size} is below S3's 5 MiB minimum")
+        self.endpoint, self.bucket, self.part_size = endpoint, bucket, part_size
+        self.max_concurrency, self.retries, self.backoff_s = max_concurrency, retries, backoff_s
+        http = urllib3.PoolManager(
+            maxsize=max(4, 2 * max_concurrency),
+            timeout=urllib3.Timeout(connect=min(10.0, timeout_s), read=timeout_s),
+            retries=urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0),
+        )
+        self.client = Minio(endpoint, access_key=access_key, secret_key=secret_key, secure=secure,
+                            region=region, http_client=http)
+        self._bucket_checked = threading.Event()
+        self._create_bucket = create_bucket
+
+    def __repr__(self) -> str:
+        return f"S3Storage({self.endpoint!r}, bucket={self.bucket!r})"
+
+    def _retry(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except S3Error as err:
+                if err.code in _MISSING_CODES:
+                    raise StorageError(f"{what}: no such key ({err.code})", key=key) from err
+                if err.code not in _TRANSIENT_CODES or attempt == self.retries:
+                    raise StorageError(f"{what} failed: {err.code}: {err.message}", key=key) from err
+            except ValueError as err:  # minio's argument checks (bucket or object name)
+                raise StorageError(f"{what}: {err}", key=key) from err
+            except (ServerError, urllib3.exceptions.HTTPError, OSError) as err:
+                if attempt == self.retries:
+                    raise StorageError(f"{what} failed after {attempt + 1} attempts: {err}", key=key) from err
+            time.sleep(delay * (1 + random.random()))
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _ensure_bucket(self) -> None:
+        if self._bucket_checked.is_set():
+            return
+
+        def check() -> None:
+            if not self.client.bucket_exists(self.bucket):
+                if not self._create_bucket:
+                    raise StorageError(f"bucket {self.bucket!r} does not exist", key=self.bucket)
+                try:
+                    self.client.make_bucket(self.bucket)
+                except S3Error as err:
+                    if err.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
+
+        self._retry("bucket check", self.bucket, check)
+        self._bucket_checked.set()
+
+    def put(self, key: str, data: Any) -> None:
+        """Upload ``data`` (a buffer or a list of them, in order); parts of ``part_size`` go up
+        ``max_concurrency`` at a time."""
+        self._ensure_bucket()
+
+        def upload() -> None:
+            reader = _Reader(data)  # fresh per attempt
+            self.client.put_object(self.bucket, key, reader, reader.length, part_size=self.part_size,
+                                   num_parallel_uploads=self.max_concurrency)
+
+        self._retry("put", key, upload)
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """A ranged GET of ``[offset, offset + length)``."""
+        if length == 0:
+            return b""
+
+        def fetch() -> bytes:
+            resp = self.client.get_object(self.bucket, key, offset=offset, length=length or 0)
+            try:
+                data = resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+            if length is not None and len(data) != length:
+                raise StorageError(f"short read: {len(data)} of {length} bytes at {offset}", key=key)
+            return data
+
+        return self._retry("get", key, fetch)
+
+    def get_into(self, key: str, offset: int, out: Any) -> None:
+        """A ranged GET streamed straight into ``out`` (a writable buffer, or a list of them in order)."""
+        views = [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
+        total = sum(len(v) for v in views)
+        if not total:
+            return
+
+        def fetch() -> None:
+            resp = self.client.get_object(self.bucket, key, offset=offset, length=total)
+            try:
+                for mv in views:
+                    pos = 0
+                    while pos < len(mv):
+                        n = resp.readinto(mv[pos:])
+                        if not n:
+                            raise urllib3.exceptions.ProtocolError(f"short read at {offset + pos}")
+                        pos += n
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        self._retry("get", key, fetch)
+
+    def exists(self, key: str) -> bool:
+        def stat() -> bool:
+            try:
+                self.client.stat_object(self.bucket, key)
+                return True
+            except S3Error as err:
+                if err.code in _MISSING_CODES:
+                    return False
+                raise
+
+        return self._retry("stat", key, stat)
+
+    def list(self, prefix: str) -> list[str]:
+        def ls() -> list[str]:
+            try:
+                return sorted(o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True))
+            except S3Error as err:
+                if err.code == "NoSuchBucket":
+                    return []
+                raise
+
+        return self._retry("list", prefix, ls)
+
+    def delete(self, key: str) -> None:
+        self._retry("delete", key, lambda: self.client.remove_object(self.bucket, key))

@@ -1,0 +1,255 @@
+"""The storage protocol and its filesystem and in-memory backends."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+from lifeline.errors import StorageError
+
+__all__ = ["Storage", "FilesystemStorage", "MemoryStorage", "storage_from_uri"]
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A flat key -> bytes store. Keys are ``/``-separated relative paths.
+
+    ``put`` is atomic: a reader sees the whole object or none of it. Every failure is a
+    :class:`StorageError` naming the key (a missing key included).
+    """
+
+    def put(self, key: str, data: Any) -> None:
+        """Store ``data`` (a bytes-like object, or a list of them gathered in order) under ``key``,
+        replacing it atomically."""
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``key`` (to the end when ``length`` is None)."""
+
+    # optional: get_into(key, offset, out) fills a writable buffer, or a list of them one after
+    # the other, without an intermediate copy.
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key starting with ``prefix``, sorted."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error when absent)."""
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StorageError(f"invalid storage key {key!r}: use relative '/'-separated names", key=key)
+    return key
+
+
+def _views(out: Any) -> list[memoryview]:
+    return [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
+
+
+def _range(size: int, offset: int, length: int | None, key: str) -> tuple[int, int]:
+    end = size if length is None else offset + length
+    if offset < 0 or end > size or end < offset:
+        raise StorageError(f"range [{offset}, {end}) outside object of {size} bytes", key=key)
+    return offset, end
+
+
+class FilesystemStorage:
+    """Objects as files under ``root``.
+
+    ``put`` writes a temporary file in the target directory, fsyncs it (``fsync=True``),
+    renames it over the key and fsyncs the directory, so a crash leaves either the old
+    object or the new one, durable on return. ``fsync=False`` keeps the atomic rename but
+    leaves durability to the OS (page cache), for tests and tmpfs.
+    """
+
+    def __init__(self, root: str | os.PathLike, fsync: bool = True) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.fsync = fsync
+
+    def __repr__(self) -> str:
+        return f"FilesystemStorage({self.root!r}, fsync={self.fsync})"
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *_check_key(key).split("/"))
+
+    def put(self, key: str, data: Any) -> None:
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            views = [v for v in _views(data) if len(v)]
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                while views:  # gather write straight from the callers' buffers
+                    n = os.writev(fd, views[:1024])
+                    while views and n >= len(views[0]):
+                        n -= len(views[0])
+                        views.pop(0)
+                    if n:
+                        views[0] = views[0][n:]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            if self.fsync:
+                dfd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as err:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StorageError(f"write failed: {err}", key=key) from err
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        buf = bytearray(self._size(key) - offset if length is None else length)
+        self.get_into(key, offset, buf)
+        return bytes(buf)
+
+    def _size(self, key: str) -> int:
+        try:
+            return os.stat(self._path(key)).st_size
+        except OSError as err:
+            raise StorageError(f"cannot read: {err.strerror}", key=key) from err
+
+    def get_into(self, key: str, offset: int, out: Any) -> None:
+        """Read bytes of ``key`` from ``offset`` straight into ``out``: a writable buffer, or a list of
+        them filled one after the other (one ``preadv`` scatter read)."""
+        views = [v for v in _views(out) if len(v)]
+        total = sum(len(v) for v in views)
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except OSError as err:
+            raise StorageError(f"cannot read: {err.strerror}", key=key) from err
+        try:
+            _range(os.fstat(fd).st_size, offset, total, key)
+            pos = 0
+            while views:
+                n = os.preadv(fd, views[:1024], offset + pos)
+                if n <= 0:
+                    raise StorageError(f"short read at byte {offset + pos}", key=key)
+                pos += n
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if n:
+                    views[0] = views[0][n:]
+        except OSError as err:
+            raise StorageError(f"read failed: {err}", key=key) from err
+        finally:
+            os.close(fd)
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def list(self, prefix: str) -> list[str]:
+        out = []
+        base = self.root
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, base)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            if prefix and not (rel.startswith(prefix) or prefix.startswith(rel)):
+                dirnames[:] = []
+                continue
+            for name in filenames:
+                key = rel + name
+                if key.startswith(prefix) and not name.endswith(".tmp"):
+                    out.append(key)
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise StorageError(f"delete failed: {err}", key=key) from err
+
+
+class MemoryStorage:
+    """Objects in process memory (the sidecar's L0/L1 holdings; a unit-test double for the others)."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage({len(self._objects)} objects)"
+
+    def put(self, key: str, data: Any) -> None:
+        blob = b"".join(_views(data))
+        with self._lock:
+            self._objects[_check_key(key)] = blob
+
+    def _obj(self, key: str) -> bytes:
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise StorageError("no such key", key=key)
+        return obj
+
+    def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        obj = self._obj(key)
+        start, end = _range(len(obj), offset, length, key)
+        return obj[start:end]
+
+    def get_into(self, key: str, offset: int, out: Any) -> None:
+        """Copy bytes of ``key`` from ``offset`` into ``out`` (a writable buffer or a list of them)."""
+        views = _views(out)
+        obj = self._obj(key)
+        start, end = _range(len(obj), offset, sum(len(v) for v in views), key)
+        src = memoryview(obj)
+        for v in views:
+            v[:] = src[start : start + len(v)]
+            start += len(v)
+
+    def exists(self, key: str) -> bool:
+        with self._lock:
+            return key in self._objects
+
+    def list(self, prefix: str) -> list[str]:
+        with self._lock:
+            return sorted(k for k in self._objects if k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.list(""))
+
+
+def storage_from_uri(uri: str, **options: Any) -> tuple[Any, str]:
+    """``(storage, prefix)`` for ``s3://bucket/prefix``, ``file:///path`` or a plain path.
+
+    S3 options (``endpoint``, ``access_key``, ``secret_key``, ``secure``, ...) come from
+    ``options`` or the environment (``LIFELINE_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``). ``memory://`` gives a fresh :class:`MemoryStorage`.
+    For a filesystem path the storage root is the path and the prefix is empty.
+    """
+    if uri.startswith("s3://"):
+        from lifeline.checkpoint._s3 import S3Storage
+
+        bucket, _, prefix = uri[5:].partition("/")
+        endpoint = options.pop("endpoint", None) or os.environ.get("LIFELINE_S3_ENDPOINT")
+        access = options.pop("access_key", None) or os.environ.get("AWS_ACCESS_KEY_ID")
+        secret = options.pop("secret_key", None) or os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if not endpoint or not access or not secret or not bucket:
+            raise StorageError(
+                f"{uri}: need a bucket, endpoint and credentials (options or LIFELINE_S3_ENDPOINT, "
+                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", key=uri)
+        return S3Storage(endpoint, access, secret, bucket, **options), prefix.strip("/")
+    if uri.startswith("memory://"):
+        return MemoryStorage(), uri[len("memory://"):].strip("/")
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    return FilesystemStorage(path, **options), ""
