@@ -1,0 +1,359 @@
+"""Read what is real — the job's pods, the nodes, the Redis catalog — into :mod:`lifeline.control` values.
+
+Two layers: pure functions (:func:`pod_signals`, :func:`node_states`, :func:`progress_of`,
+:func:`holdings_of`) that turn API objects and catalog records into control's signal and state
+dataclasses, tested without a cluster; and :func:`observe`, the one function doing I/O
+(Kubernetes API list calls, Redis reads) that feeds them.
+
+Container failures are signals only once: the plan that answers them records every pod's
+:func:`terminations` (by pod UID) in the TrainingJob's annotations, so a trainer the kubelet
+restarted in place is not a new failure at the next resync, and an operator restarted
+mid-recovery sees exactly the failures it has not handled yet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lifeline.control.failures import (
+    CollectiveErrorReported,
+    ContainerTerminated,
+    HeartbeatExpired,
+    NodeCondition,
+    PodGone,
+    Signal,
+    StepStalled,
+)
+from lifeline.control.state import ClusterState, Holding, NodeState
+from lifeline.operator.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
+
+__all__ = [
+    "UNREACHABLE_TAINT",
+    "Progress",
+    "Observation",
+    "pods_by_rank",
+    "pod_generation",
+    "terminations",
+    "pod_signals",
+    "node_states",
+    "node_signals",
+    "progress_of",
+    "holdings_of",
+    "heartbeat_signals",
+    "observe",
+]
+
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+_NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def pods_by_rank(
+    pods: Iterable[Mapping[str, Any]], world_size: int, *, terminating: bool = False
+) -> dict[int, Mapping[str, Any]]:
+    """The job's pods keyed by rank (label ``lifeline.dev/rank``), leaving out ranks outside the
+    world size (left from a larger layout). ``terminating=False``: the live pods; ``True``: the
+    pods being deleted (e.g. evicted from a lost node), whose rank must be recreated."""
+    out: dict[int, Mapping[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        try:
+            rank = int((meta.get("labels") or {}).get(LABEL_RANK, ""))
+        except ValueError:
+            continue
+        if 0 <= rank < world_size and bool(meta.get("deletionTimestamp")) == terminating:
+            out[rank] = pod
+    return out
+
+
+def pod_generation(pod: Mapping[str, Any]) -> int:
+    """The generation a pod was created for (label ``lifeline.dev/generation``; 0 if absent)."""
+    try:
+        return int(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_GENERATION, "0"))
+    except ValueError:
+        return 0
+
+
+def terminations(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Failed runs of each container of ``pod`` so far: ``restartCount``, plus one while the
+    container sits terminated with a non-zero code (waiting for its in-place restart)."""
+    out = {}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        failed_now = term is not None and int(term.get("exitCode", 0)) != 0
+        out[cs["name"]] = int(cs.get("restartCount", 0)) + int(failed_now)
+    return out
+
+
+def pod_signals(
+    pods: Mapping[int, Mapping[str, Any]],
+    world_size: int,
+    *,
+    missing_is_failure: bool,
+    handled: Mapping[str, Mapping[str, int]] | None = None,
+    ignore: Iterable[int] = (),
+) -> list[Signal]:
+    """Failure signals of the job's pods.
+
+    Args:
+        pods: the live pods by rank (:func:`pods_by_rank`).
+        world_size: number of ranks.
+        missing_is_failure: True once every pod of the current generation was created: a
+            missing pod is then :class:`PodGone`. False while pods are still being created.
+        handled: pod UID -> container -> :func:`terminations` already acted on (recorded with
+            the plan that answered them); only terminations beyond these are signals.
+        ignore: ranks whose pods the current plan replaces (their old incarnation says nothing new).
+
+    Returns:
+        :class:`PodGone` for a missing or Failed (e.g. evicted) pod; :class:`ContainerTerminated`
+        for each container with new failed runs (exit code of ``state.terminated``, else of
+        ``lastState.terminated``). A trainer that exited 0 is not a signal.
+    """
+    handled = handled or {}
+    skip = set(ignore)
+    out: list[Signal] = []
+    for rank in range(world_size):
+        if rank in skip:
+            continue
+        pod = pods.get(rank)
+        if pod is None:
+            if missing_is_failure:
+                out.append(PodGone(rank, None, "pod missing"))
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        status = pod.get("status") or {}
+        if status.get("phase") == "Failed":
+            out.append(PodGone(rank, node, status.get("reason") or "pod phase Failed"))
+            continue
+        seen = handled.get((pod.get("metadata") or {}).get("uid", ""), {})
+        now = terminations(pod)
+        for cs in status.get("containerStatuses") or []:
+            name = cs["name"]
+            if now.get(name, 0) <= seen.get(name, 0):
+                continue
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            code = int(term.get("exitCode", 1)) or 1
+            out.append(ContainerTerminated(rank, node, name, code, term.get("reason", "")))
+    return out
+
+
+def node_states(nodes: Iterable[Mapping[str, Any]]) -> tuple[NodeState, ...]:
+    """Control's :class:`NodeState` of every node: ready (Ready True, no unreachable/not-ready
+    taint) and schedulable (not cordoned)."""
+    out = []
+    for node in nodes:
+        meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+        ready = next((c.get("status") == "True" for c in status.get("conditions") or [] if c.get("type") == "Ready"), False)
+        taints = {t.get("key") for t in spec.get("taints") or []}
+        ready = ready and UNREACHABLE_TAINT not in taints and _NOT_READY_TAINT not in taints
+        out.append(NodeState(name=meta["name"], ready=ready, schedulable=not spec.get("unschedulable", False)))
+    return tuple(sorted(out, key=lambda n: n.name))
+
+
+def node_signals(nodes: Iterable[Mapping[str, Any]], used: Iterable[str]) -> list[Signal]:
+    """A :class:`NodeCondition` for each node in ``used`` (nodes running the job's pods); a used
+    node missing from ``nodes`` (deleted) is reported not ready."""
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
+    out: list[Signal] = []
+    for name in sorted(set(used)):
+        node = by_name.get(name)
+        if node is None:
+            out.append(NodeCondition(name, False, unreachable=True))
+            continue
+        cond = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        ready = None if cond is None or cond.get("status") == "Unknown" else cond.get("status") == "True"
+        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+        out.append(NodeCondition(name, ready, unreachable=UNREACHABLE_TAINT in taints))
+    return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The trainers' progress from the catalog's ``progress`` hash (one JSON line per rank).
+
+    Attributes:
+        step: the highest step any rank reported (0 when none).
+        min_step: the lowest step over the ranks that reported.
+        last_time: seconds since the epoch of the newest report (``None`` when none).
+        done_ranks: ranks whose latest event is ``done``.
+        failures: ``(rank, detail)`` of ranks whose latest event is ``failure`` in ``generation``.
+        latest: ``(rank, generation, event, step)`` of each rank's latest report, by rank.
+    """
+
+    step: int = 0
+    min_step: int = 0
+    last_time: float | None = None
+    done_ranks: frozenset[int] = frozenset()
+    failures: tuple[tuple[int, str], ...] = ()
+    latest: tuple[tuple[int, int, str, int], ...] = ()
+
+    def trained_in(self, generation: int, world_size: int) -> bool:
+        """True when every rank ``< world_size`` reported a step (or finished) in ``generation``
+        or later: training has resumed after the recovery that started ``generation``."""
+        by_rank = {rank: (gen, event) for rank, gen, event, _ in self.latest}
+        return all(
+            rank in by_rank and by_rank[rank][0] >= generation and by_rank[rank][1] in ("step", "save", "done")
+            for rank in range(world_size)
+        )
+
+
+def progress_of(raw: Mapping[str, str], generation: int) -> Progress:
+    """Parse the ``progress`` hash (rank -> JSON report line) of the runtime
+    (:meth:`lifeline.runtime.RuntimeContext.report`); unparsable lines are ignored."""
+    reports = []
+    for rank, line in raw.items():
+        try:
+            rec = json.loads(line)
+            reports.append((int(rank), rec))
+        except (ValueError, TypeError):
+            continue
+    if not reports:
+        return Progress()
+    steps = [int(r.get("step") or 0) for _, r in reports]
+    times = [float(r["time"]) for _, r in reports if "time" in r]
+    return Progress(
+        step=max(steps),
+        min_step=min(steps),
+        last_time=max(times) if times else None,
+        done_ranks=frozenset(rank for rank, r in reports if r.get("event") == "done"),
+        failures=tuple(
+            sorted((rank, str(r.get("error", ""))) for rank, r in reports
+                   if r.get("event") == "failure" and int(r.get("generation", -1)) == generation)
+        ),
+        latest=tuple(sorted((rank, int(r.get("generation", 0)), str(r.get("event", "")), int(r.get("step") or 0))
+                            for rank, r in reports)),
+    )
+
+
+def holdings_of(holders: Mapping[tuple[int, int], Iterable[str]], world_size: int) -> frozenset[Holding]:
+    """Control's :class:`Holding` set from the catalog's ``holders:<step>:<rank>`` members
+    (``L0@r``, ``L1@r``, ``L2``); unknown members and ranks outside ``world_size`` are ignored."""
+    out = set()
+    for (step, rank), members in holders.items():
+        if not 0 <= rank < world_size:
+            continue
+        for m in members:
+            tier, _, holder = m.partition("@")
+            if tier == "L2" and not holder:
+                out.add(Holding(step, rank, "L2"))
+            elif tier in ("L0", "L1") and holder.isdigit() and int(holder) < world_size:
+                out.add(Holding(step, rank, tier, int(holder)))  # type: ignore[arg-type]
+    return frozenset(out)
+
+
+def heartbeat_signals(
+    pods: Mapping[int, Mapping[str, Any]], registered: Iterable[int], *, now: float, grace_seconds: float
+) -> list[Signal]:
+    """:class:`HeartbeatExpired` for ranks whose sidecar has been Ready for over ``grace_seconds``
+    yet has no registration in the catalog (the registration is the heartbeat; it expires after
+    three missed beats). A sidecar that never became Ready is not judged here."""
+    alive = set(registered)
+    out: list[Signal] = []
+    for rank, pod in sorted(pods.items()):
+        if rank in alive:
+            continue
+        cs = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                   if c["name"] == SIDECAR_CONTAINER), None)
+        running = ((cs or {}).get("state") or {}).get("running") or {}
+        started = _parse_time(running.get("startedAt"))
+        if cs is None or not cs.get("ready") or started is None:
+            continue
+        if now - started > grace_seconds:
+            node = (pod.get("spec") or {}).get("nodeName")
+            out.append(HeartbeatExpired(rank, node, now - started))
+    return out
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one reconcile saw (built by :func:`observe`).
+
+    Attributes:
+        pods: live pods by rank.
+        terminating: pods being deleted, by rank (not live; their node is still known).
+        nodes: every node's raw object by name.
+        cluster: control's :class:`ClusterState` (cool-downs filled by the caller's annotation).
+        registered: ranks with a live sidecar registration.
+        progress: the trainers' progress.
+        complete_step: the catalog's latest complete step (``None``: none yet).
+        catalog_generation: the catalog's current generation.
+        holdings: verified copies of recent steps.
+        catalog_error: why the catalog could not be read (``None`` when it was).
+        at: seconds since the epoch when observed.
+    """
+
+    pods: Mapping[int, Mapping[str, Any]]
+    nodes: Mapping[str, Mapping[str, Any]]
+    cluster: ClusterState
+    terminating: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    registered: frozenset[int] = frozenset()
+    progress: Progress = field(default_factory=Progress)
+    complete_step: int | None = None
+    catalog_generation: int = 0
+    holdings: frozenset[Holding] = frozenset()
+    catalog_error: str | None = None
+    at: float = 0.0
+
+    def node_of_rank(self, world_size: int) -> tuple[str | None, ...]:
+        """Node of each rank's pod, live or terminating (``None`` when unscheduled or missing)."""
+        def node(r: int) -> str | None:
+            pod = self.pods.get(r) or self.terminating.get(r) or {}
+            return (pod.get("spec") or {}).get("nodeName")
+
+        return tuple(node(r) for r in range(world_size))
+
+
+def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: int,
+            cool_downs: Mapping[str, float], recent_steps: int = 4) -> Observation:
+    """Read the job's pods, every node, and the catalog.
+
+    Args:
+        core: a ``kubernetes.client.CoreV1Api``.
+        catalog: a :class:`lifeline.sidecar.catalog.Catalog` of the job (or ``None``).
+        namespace, job: the TrainingJob.
+        world_size: current number of ranks.
+        cool_downs: node -> expiry (seconds since epoch), from the job's annotation.
+        recent_steps: how many of the newest catalog steps to read holdings of.
+
+    Raises:
+        kubernetes.client.ApiException: the API server refused a list call (the handler retries).
+    """
+    api = core.api_client
+    pods_raw = api.sanitize_for_serialization(core.list_namespaced_pod(namespace, label_selector=job_selector(job)).items)
+    nodes_raw = api.sanitize_for_serialization(core.list_node().items)
+    nodes = {n["metadata"]["name"]: n for n in nodes_raw}
+    cluster = ClusterState(nodes=node_states(nodes_raw), cool_downs=tuple(sorted(cool_downs.items())))
+    obs = dict(pods=pods_by_rank(pods_raw, world_size), terminating=pods_by_rank(pods_raw, world_size, terminating=True),
+               nodes=nodes, cluster=cluster, at=time.time())
+    if catalog is None:
+        return Observation(**obs, catalog_error="no catalog configured")
+    import redis
+
+    from lifeline.errors import CatalogError
+
+    try:
+        generation = catalog.generation()
+        registered = frozenset(catalog.sidecars())
+        progress = progress_of(catalog.r.hgetall(catalog.prefix + "progress"), generation)
+        complete = catalog.latest_complete_step()
+        steps = catalog.steps()[-recent_steps:]
+        pipe = catalog.r.pipeline(transaction=False)
+        keys = [(s, r) for s in steps for r in range(world_size)]
+        for s, r in keys:
+            pipe.smembers(f"{catalog.prefix}holders:{s}:{r}")
+        holdings = holdings_of(dict(zip(keys, pipe.execute())), world_size)
+    except (CatalogError, redis.RedisError, OSError) as err:
+        return Observation(**obs, catalog_error=f"{type(err).__name__}: {err}")
+    return Observation(**obs, registered=registered, progress=progress, complete_step=complete,
+                       catalog_generation=generation, holdings=holdings)

@@ -1,0 +1,314 @@
+"""Observe → decide → act → report, for one TrainingJob. The only module that writes to the cluster.
+
+Order of writes, so that killing the operator at any point is safe (the next reconcile,
+by the same or a new operator, repeats what is missing and nothing twice):
+
+1. the job's Secret (create if absent);
+2. a new plan: the TrainingJob's annotations (:mod:`lifeline.operator.recorded`), *then* the
+   catalog's ``plan:<generation>`` (re-published at every reconcile until the catalog has it);
+3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
+   creations at the current generation (409 for a pod still terminating: retried next time);
+4. ``lifeline.dev/applied`` once every pod of the generation exists;
+5. status (subresource), events and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from lifeline.api.trainingjob import GROUP, PLURAL, VERSION, RecoveryAction, TrainingJob
+from lifeline.operator import events, metrics
+from lifeline.operator.decide import Decision, decide
+from lifeline.operator.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
+from lifeline.operator.observe import observe
+from lifeline.operator.recorded import Recorded
+from lifeline.operator.settings import OperatorSettings
+from lifeline.operator.spec import parse_job
+from lifeline.operator.status import known_status, next_status
+
+__all__ = ["Env", "reconcile", "forget_job", "plan_document"]
+
+log = logging.getLogger("lifeline.operator")
+
+
+@dataclass
+class Env:
+    """The operator's clients and settings, built once at startup.
+
+    Attributes:
+        core: ``kubernetes.client.CoreV1Api``.
+        custom: ``kubernetes.client.CustomObjectsApi``.
+        settings: :class:`~lifeline.operator.settings.OperatorSettings`.
+    """
+
+    core: Any
+    custom: Any
+    settings: OperatorSettings
+    _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        """The lock serialising reconciles of one job (kopf runs its timer beside the other handlers)."""
+        with self._guard:
+            return self._locks.setdefault(f"{namespace}/{name}", threading.Lock())
+
+    @property
+    def pod_config(self) -> PodConfig:
+        """The operator-wide inputs of every pod."""
+        s = self.settings
+        return PodConfig(
+            redis_url=s.redis_url,
+            sidecar_image=s.sidecar_image,
+            service_account=s.pod_service_account,
+            s3_endpoint=s.s3_endpoint,
+            s3_secure=s.s3_secure,
+            peer_port=s.sidecar_peer_port,
+            metrics_port=s.sidecar_metrics_port,
+            sidecar_resources=s.sidecar_resources,
+        )
+
+    def catalog(self, job: str, world_size: int):
+        """The job's :class:`lifeline.sidecar.catalog.Catalog` (the sidecars' key schema)."""
+        from lifeline.sidecar.catalog import Catalog
+
+        return Catalog(self.settings.redis_url, job, world_size)
+
+
+def _status_code(err: Exception) -> int | None:
+    return getattr(err, "status", None)
+
+
+def plan_document(plan: Any) -> dict[str, Any]:
+    """The catalog's ``plan:<generation>`` document: control's plan JSON plus the snake_case
+    fields :class:`lifeline.runtime.RecoveryPlan` reads (``generation``, ``restore_step``)."""
+    import json
+
+    doc = json.loads(plan.to_json())
+    doc["restore_step"] = plan.restore_step
+    doc["replay_to_step"] = plan.replay_to_step
+    return doc
+
+
+def _ensure_secret(env: Env, job: TrainingJob) -> None:
+    ns, name = job.namespace, secret_name(job.name)
+    try:
+        env.core.read_namespaced_secret(name, ns)
+        return
+    except Exception as err:  # noqa: BLE001 - ApiException; anything but 404 propagates
+        if _status_code(err) != 404:
+            raise
+    s = env.settings
+    body = job_secret(job, hmac_key=secrets.token_hex(32), s3_access_key=s.s3_access_key,
+                      s3_secret_key=s.s3_secret_key.get_secret_value())
+    try:
+        env.core.create_namespaced_secret(ns, body)
+    except Exception as err:  # noqa: BLE001
+        if _status_code(err) != 409:  # created meanwhile: keep the first key
+            raise
+        return
+    events.record(_job_ref(job), "SecretCreated", f"created Secret {name} with a new HMAC key for peer transfers")
+
+
+def _job_ref(job: TrainingJob) -> dict[str, Any]:
+    """A minimal object reference body for events."""
+    return {"apiVersion": job.api_version, "kind": job.kind, "metadata": job.metadata}
+
+
+def _own_catalog(catalog: Any, uid: str) -> None:
+    """Make the catalog keys of the job name belong to this job's UID (a new job of the same name
+    must not inherit an old job's progress or plans): wipe them when another UID owned them."""
+    owner_key = catalog.prefix + "owner"
+    if catalog.r.get(owner_key) == uid:
+        return
+    _wipe(catalog)
+    catalog.r.set(owner_key, uid)
+
+
+def _wipe(catalog: Any) -> None:
+    keys = list(catalog.r.scan_iter(match=catalog.prefix + "*", count=500))
+    for i in range(0, len(keys), 500):
+        catalog.r.delete(*keys[i:i + 500])
+
+
+def forget_job(env: Env, body: Mapping[str, Any]) -> None:
+    """Delete the job's catalog keys if this job (by UID) owns them. Pods and the Secret go with
+    the TrainingJob through their ownerReferences (garbage collection)."""
+    meta = body.get("metadata") or {}
+    catalog = env.catalog(meta["name"], 1)
+    try:
+        if catalog.r.get(catalog.prefix + "owner") == meta.get("uid"):
+            _wipe(catalog)
+    finally:
+        catalog.close()
+
+
+def _patch_job(env: Env, job: TrainingJob, patch: dict[str, Any]) -> None:
+    env.custom.patch_namespaced_custom_object(GROUP, VERSION, job.namespace, PLURAL, job.name, patch)
+
+
+def _patch_status(env: Env, job: TrainingJob, status: dict[str, Any]) -> None:
+    env.custom.patch_namespaced_custom_object_status(GROUP, VERSION, job.namespace, PLURAL, job.name,
+                                                     {"status": status})
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _force_delete(env: Env, name: str, namespace: str) -> None:
+    """Delete a pod with grace 0 (its node may be gone and never confirm); absent is fine."""
+    try:
+        env.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except Exception as err:  # noqa: BLE001 - ApiException
+        if _status_code(err) != 404:
+            raise
+
+
+def _act_on_pods(env: Env, job: TrainingJob, d: Decision) -> bool:
+    """Delete then create pods; True when every pod of ``d.create`` exists afterwards."""
+    ns = job.namespace
+    for rank in d.delete:
+        _force_delete(env, pod_name(job.name, rank), ns)
+    complete = True
+    config = env.pod_config
+    for rank in d.create:
+        pod = rank_pod(job, rank, generation=d.generation, config=config, layout=d.layout, avoid_nodes=d.avoid_nodes)
+        try:
+            env.core.create_namespaced_pod(ns, pod)
+        except Exception as err:  # noqa: BLE001
+            if _status_code(err) == 409:  # exists: ours from an earlier try, or the old one still terminating
+                existing = env.core.read_namespaced_pod(pod["metadata"]["name"], ns)
+                labels = existing.metadata.labels or {}
+                if existing.metadata.deletion_timestamp is None and labels.get(LABEL_GENERATION) == str(d.generation):
+                    continue
+                if existing.metadata.deletion_timestamp is not None:  # stuck terminating: free the name
+                    _force_delete(env, pod["metadata"]["name"], ns)
+                complete = False
+                continue
+            raise
+        events.record(_job_ref(job), "PodCreated", f"created pod {pod['metadata']['name']} (rank {rank}, "
+                      f"generation {d.generation}" + (f", avoiding {sorted(d.avoid_nodes)})" if d.avoid_nodes else ")"))
+    return complete
+
+
+def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) -> Decision | None:
+    """Run one reconcile of the TrainingJob ``body`` (re-read from the API server first); returns
+    the decision (``None`` when the job is gone or finished: Succeeded or Failed jobs are left alone).
+
+    Raises:
+        lifeline.operator.spec.InvalidSpec: the spec is invalid (the handler marks it Failed).
+        kubernetes.client.ApiException, lifeline.errors.CatalogError: transient API or Redis
+            failures (the handler retries with back-off).
+    """
+    meta = body.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    with env.lock(ns, name):
+        # Re-read the job: kopf's copy may predate our own last commit (a timer tick racing the watch).
+        try:
+            body = env.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        except Exception as err:  # noqa: BLE001 - ApiException
+            if _status_code(err) == 404:
+                return None  # deleted meanwhile
+            raise
+        return _reconcile(env, body, now=now)
+
+
+def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decision | None:
+    started = time.perf_counter()
+    now = time.time() if now is None else now
+    job = parse_job(body)
+    status = known_status(body.get("status") or {})
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    meta = job.metadata
+    recorded = Recorded.from_annotations(meta.get("annotations"))
+    world = (recorded.plan.layout if recorded.plan else job.spec.layout).world_size
+    _ensure_secret(env, job)
+    catalog = env.catalog(job.name, world)
+    try:
+        _own_catalog(catalog, meta["uid"])
+        obs = observe(env.core, catalog, namespace=job.namespace, job=job.name, world_size=world,
+                      cool_downs=recorded.cool_downs)
+        if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
+            log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
+        d = decide(job.spec, recorded, obs, status, now=now)
+        recovery = None
+        if d.plan is not None:
+            for f in d.failures:
+                metrics.FAILURES.labels(job.namespace, job.name, f.kind.value).inc()
+                events.record(body, "FailureDetected", f.describe())
+            if d.plan.action is RecoveryAction.GIVE_UP:
+                events.record(body, "GiveUp", d.plan.reason)
+            else:
+                _patch_job(env, job, recorded.commit_patch(d.plan, d.handled or {}))  # the commit point
+                metrics.RECOVERIES.labels(job.namespace, job.name, d.plan.action.value).inc()
+                events.record(body, d.plan.action.value, f"generation {d.plan.generation}: {d.plan.reason}")
+                recovery = _record_of(d.plan, now)
+                recorded = Recorded.from_annotations({**(meta.get("annotations") or {}),
+                                                      **recorded.commit_patch(d.plan, d.handled or {})["metadata"]
+                                                      ["annotations"]})
+        current = d.plan if d.plan is not None and d.plan.action is not RecoveryAction.GIVE_UP else recorded.plan
+        if current is not None and catalog.generation() < current.generation:
+            catalog.put_plan(current.generation, plan_document(current))
+        if d.phase != "Failed" and (d.delete or d.create):
+            if _act_on_pods(env, job, d) and recorded.applied < d.generation:
+                _patch_job(env, job, Recorded.applied_patch(d.generation))
+        elif d.phase not in ("Failed", "Succeeded") and recorded.applied < d.generation:
+            _patch_job(env, job, Recorded.applied_patch(d.generation))
+        if recovery is None and current is not None and d.phase == "Recovering" and not any(
+                r.get("generation") == current.generation for r in status.get("recoveries") or []):
+            recovery = _record_of(current, now)  # the status write after the commit was lost: redo it
+        if d.resumed:
+            recovery = _close_recovery(status, d.generation, now)
+        if d.phase != status.get("phase"):
+            if d.phase in ("Running", "Succeeded", "Failed"):
+                events.record(body, {"Running": "Recovered" if d.resumed else "Running", "Succeeded": "Succeeded",
+                                     "Failed": "Failed"}[d.phase], d.message)
+        if obs.complete_step is not None:
+            metrics.CHECKPOINT_LAG.labels(job.namespace, job.name).set(max(0, obs.progress.step - obs.complete_step))
+        new_status = next_status(
+            status, phase=d.phase, reason=d.reason, message=d.message, observed_generation=meta.get("generation"),
+            step=obs.progress.step, complete_step=obs.complete_step, generation=d.generation,
+            restarts=current.restarts if current is not None else None,
+            replicas=d.layout.world_size, layout=d.layout.to_wire(), recovery=recovery,
+        )
+        if _differs(status, new_status):
+            _patch_status(env, job, new_status)
+        return d
+    finally:
+        catalog.close()
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+
+def _record_of(plan: Any, now: float) -> dict[str, Any]:
+    """The ``status.recoveries[]`` record (wire form) of a committed plan, started at ``now``."""
+    rec = {
+        "generation": plan.generation, "kind": plan.action.value,
+        "ranks": sorted({r for f in plan.failures for r in f.ranks}),
+        "fromStep": plan.restore_step, "tier": plan.farthest_tier,
+        "startedAt": _iso(now), "reason": plan.reason[:1000],
+    }
+    return {k: v for k, v in rec.items() if v is not None}
+
+
+def _close_recovery(status: Mapping[str, Any], generation: int, now: float) -> dict[str, Any] | None:
+    """The recovery record of ``generation`` with ``resumedAt``/``seconds`` set (``None`` if absent)."""
+    rec = next((r for r in status.get("recoveries") or [] if r.get("generation") == generation), None)
+    if rec is None or rec.get("resumedAt"):
+        return None
+    started = datetime.fromisoformat(rec["startedAt"].replace("Z", "+00:00")).timestamp()
+    seconds = max(0.0, now - started)
+    metrics.RECOVERY_SECONDS.labels(rec.get("kind", "")).observe(seconds)
+    return {**rec, "resumedAt": _iso(now), "seconds": round(seconds, 3)}
+
+
+def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when ``new`` changes more than condition timestamps would (avoid a write per resync)."""
+    return dict(old) != dict(new)

@@ -1,0 +1,240 @@
+"""observe.py's pure parsers and decide.py: observations -> failures -> plan -> pod actions.
+
+Pods and nodes are API-shaped dicts as the API server returns them; decisions come from
+lifeline.control, so these tests check the wiring (what is a signal, what is answered once,
+what is created and deleted), not the recovery ladder itself (tests/control covers it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from lifeline.control.failures import ContainerTerminated, FailureKind, NodeCondition, PodGone
+from lifeline.control.state import ClusterState
+from lifeline.operator.decide import decide
+from lifeline.operator.manifests import PodConfig, rank_pod
+from lifeline.operator.observe import (
+    Observation,
+    heartbeat_signals,
+    holdings_of,
+    node_signals,
+    node_states,
+    pod_signals,
+    pods_by_rank,
+    progress_of,
+)
+from lifeline.operator.recorded import Recorded
+
+NOW = 1_800_000_000.0
+NODES = ["node-a", "node-b", "node-c"]
+
+
+def _node(name: str, ready: str = "True", taints=()) -> dict:
+    return {"metadata": {"name": name}, "spec": {"taints": [{"key": t, "effect": "NoExecute"} for t in taints]},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+
+def _running_pod(job, rank: int, node: str, generation: int = 0, *, uid: str | None = None,
+                 trainer: dict | None = None, restarts: int = 0) -> dict:
+    pod = rank_pod(job, rank, generation=generation, config=PodConfig(redis_url="redis://r"))
+    pod["metadata"]["uid"] = uid or f"uid-{rank}-{generation}"
+    pod["spec"]["nodeName"] = node
+    running = {"running": {"startedAt": "2027-01-15T07:00:00Z"}}
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {"name": "trainer", "ready": True, "restartCount": restarts, "state": trainer or running},
+            {"name": "sidecar", "ready": True, "restartCount": 0, "state": running},
+        ],
+    }
+    return pod
+
+
+def _obs(job, pods: dict, *, nodes=None, progress=None, registered=None, generation=0, holdings=frozenset()):
+    nodes = nodes or [_node(n) for n in NODES]
+    return Observation(
+        pods=pods,
+        nodes={n["metadata"]["name"]: n for n in nodes},
+        cluster=ClusterState(nodes=node_states(nodes)),
+        registered=frozenset(range(4)) if registered is None else frozenset(registered),
+        progress=progress_of(progress or {}, generation),
+        catalog_generation=generation,
+        holdings=holdings,
+        at=NOW,
+    )
+
+
+def _progress(event: str, step: int, generation: int = 0, t: float = NOW - 1) -> dict:
+    return {str(r): json.dumps({"event": event, "rank": r, "generation": generation, "step": step, "time": t})
+            for r in range(4)}
+
+
+def _holdings(step: int) -> frozenset:
+    """L0 of every rank plus one L1 copy on a rank of another node (nodes a, b, c, a), at ``step``."""
+    peer = {0: 1, 1: 2, 2: 3, 3: 1}
+    return holdings_of({(step, r): {f"L0@{r}", f"L1@{peer[r]}"} for r in range(4)}, 4)
+
+
+def _placement(ranks=range(4)) -> dict:
+    return {r: NODES[r % 3] for r in ranks}
+
+
+def test_first_reconcile_creates_every_pod(job):
+    d = decide(job.spec, Recorded(), _obs(job, {}), {}, now=NOW)
+    assert (d.phase, d.generation, d.create, d.delete, d.plan) == ("Pending", 0, (0, 1, 2, 3), (), None)
+
+
+def test_running_when_every_pod_ready(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("step", 5)), {"phase": "Pending"},
+               now=NOW)
+    assert (d.phase, d.reason, d.create, d.failures) == ("Running", "AllRanksReady", (), ())
+
+
+def test_trainer_crash_restarts_in_place_once(job):
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    pods = {r: _running_pod(job, r, n, trainer=crashed if r == 2 else None) for r, n in _placement().items()}
+    obs = _obs(job, pods, progress=_progress("step", 9), holdings=_holdings(8))
+    d = decide(job.spec, Recorded(applied=0), obs, {"phase": "Running", "restarts": 0}, now=NOW)
+    assert [f.kind for f in d.failures] == [FailureKind.TRAINER_CRASH]
+    assert d.plan.action.value == "RestartInPlace" and d.plan.restore_step == 8
+    assert (d.phase, d.generation, d.create, d.delete) == ("Recovering", 1, (), ())
+    # the same observation after the plan was committed is not a new failure
+    rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
+    assert rec.generation == 1 and rec.plan == d.plan
+    again = decide(job.spec, rec, obs, {"phase": "Recovering", "restarts": 1}, now=NOW + 3)
+    assert again.plan is None and again.phase == "Recovering"
+    # ...nor once the kubelet restarted it in place (restartCount 1, running)
+    pods[2] = _running_pod(job, 2, "node-c", uid="uid-2-0", restarts=1)
+    later = decide(job.spec, rec, _obs(job, pods, progress=_progress("step", 9), generation=1),
+                   {"phase": "Recovering", "restarts": 1}, now=NOW + 6)
+    assert later.plan is None and later.phase == "Recovering"
+    # training resumes in generation 1: Running again, recovery closed
+    done = decide(job.spec, rec, _obs(job, pods, progress=_progress("step", 10, generation=1), generation=1),
+                  {"phase": "Recovering", "restarts": 1}, now=NOW + 9)
+    assert (done.phase, done.resumed, done.reason) == ("Running", True, "Recovered")
+
+
+def test_lost_node_replaces_its_pods_elsewhere(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}  # node-a: ranks 0 and 3
+    nodes = [_node("node-a", "Unknown", taints=["node.kubernetes.io/unreachable"]), _node("node-b"), _node("node-c")]
+    obs = _obs(job, pods, nodes=nodes, progress=_progress("step", 12), holdings=_holdings(11), registered=[1, 2])
+    d = decide(job.spec, Recorded(applied=0), obs, {"phase": "Running", "restarts": 0}, now=NOW)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.NODE_LOST, (0, 3))]
+    assert d.plan.action.value == "ReplacePods" and d.plan.restore_step == 11
+    assert (d.create, d.delete, d.generation) == ((0, 3), (0, 3), 1)
+    assert "node-a" in d.avoid_nodes
+    # after the commit: the old incarnations (generation 0) are stale -> deleted and recreated, no new failure
+    rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
+    assert rec.cool_downs["node-a"] == NOW + job.spec.recovery.node_cooldown_seconds
+    again = decide(job.spec, rec, obs, {"phase": "Recovering", "restarts": 1}, now=NOW + 1)
+    assert (again.plan, again.delete, again.create) == (None, (0, 3), (0, 3))
+    # old pods gone, new ones not yet created: created (no PodGone while applying)
+    fresh = {r: p for r, p in pods.items() if r not in (0, 3)}
+    step = decide(job.spec, rec, _obs(job, fresh, nodes=nodes, progress=_progress("step", 12), generation=1,
+                                      registered=[1, 2]), {"phase": "Recovering", "restarts": 1}, now=NOW + 2)
+    assert (step.plan, step.create, step.delete) == (None, (0, 3), ())
+    assert step.avoid_nodes == {"node-a"}
+
+
+def test_missing_pod_after_apply_is_pod_lost(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items() if r != 1}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("step", 4), holdings=_holdings(3)),
+               {"phase": "Running"}, now=NOW)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.POD_LOST, (1,))]
+    assert d.plan.action.value == "ReplacePods" and d.create == (1,)
+
+
+def test_max_restarts_gives_up(job):
+    crashed = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    pods = {r: _running_pod(job, r, n, trainer=crashed if r == 0 else None) for r, n in _placement().items()}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("step", 4), holdings=_holdings(3)),
+               {"phase": "Running", "restarts": job.spec.recovery.max_restarts}, now=NOW)
+    assert (d.phase, d.reason) == ("Failed", "GiveUp") and "maxRestarts" in d.message
+    assert d.create == () and d.delete == ()
+
+
+def test_every_rank_done_is_success(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("done", 60)), {"phase": "Running"},
+               now=NOW)
+    assert d.phase == "Succeeded"
+
+
+def test_hang_detected_after_timeout_only(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    hang = job.spec.recovery.hang_timeout_seconds
+    fresh = _obs(job, pods, progress=_progress("step", 7, t=NOW - hang + 5), holdings=_holdings(7))
+    assert decide(job.spec, Recorded(applied=0), fresh, {"phase": "Running"}, now=NOW).failures == ()
+    stale = _obs(job, pods, progress=_progress("step", 7, t=NOW - hang - 1), holdings=_holdings(7))
+    d = decide(job.spec, Recorded(applied=0), stale, {"phase": "Running"}, now=NOW)
+    assert [f.kind for f in d.failures] == [FailureKind.HANG]
+
+
+def test_pod_signal_parsing(job):
+    evicted = _running_pod(job, 0, "node-a")
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted"}
+    restarted = _running_pod(job, 1, "node-b", restarts=2)
+    restarted["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 75, "reason": "Error"}}
+    pods = pods_by_rank([evicted, restarted], 4)
+    sig = pod_signals(pods, 4, missing_is_failure=True, handled={"uid-1-0": {"trainer": 1}})
+    assert sig == [PodGone(0, "node-a", "Evicted"), ContainerTerminated(1, "node-b", "trainer", 75, "Error"),
+                   PodGone(2, None, "pod missing"), PodGone(3, None, "pod missing")]
+    assert pod_signals(pods, 4, missing_is_failure=False, handled={"uid-1-0": {"trainer": 2}}) == [
+        PodGone(0, "node-a", "Evicted")]
+
+
+def test_node_and_heartbeat_signals():
+    nodes = [_node("a"), _node("b", "False"), _node("c", taints=["node.kubernetes.io/unreachable"])]
+    assert node_signals(nodes, ["a", "b", "c", "gone"]) == [
+        NodeCondition("a", True), NodeCondition("b", False), NodeCondition("c", True, unreachable=True),
+        NodeCondition("gone", False, unreachable=True)]
+    assert [n.ready for n in node_states(nodes)] == [True, False, False]
+
+
+def test_heartbeat_expiry_needs_a_ready_sidecar_past_grace(job):
+    pod = _running_pod(job, 0, "node-a")
+    started = 1_800_000_000.0 - 3600  # 07:00 vs 08:00 below
+    sig = heartbeat_signals({0: pod}, [], now=started + 100, grace_seconds=30)
+    assert [s.rank for s in sig] == [0]
+    assert heartbeat_signals({0: pod}, [0], now=started + 100, grace_seconds=30) == []
+    assert heartbeat_signals({0: pod}, [], now=started + 10, grace_seconds=30) == []
+
+
+def test_plan_in_catalog_is_what_the_runtime_reads(job):
+    """The catalog's plan document carries control's plan and the runtime's snake_case fields."""
+    from lifeline.control.plan import RecoveryPlan
+    from lifeline.operator.reconcile import plan_document
+    from lifeline.runtime._context import RecoveryPlan as RuntimePlan
+
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    pods = {r: _running_pod(job, r, n, trainer=crashed if r == 0 else None) for r, n in _placement().items()}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("step", 6), holdings=_holdings(5)),
+               {"phase": "Running"}, now=NOW)
+    doc = plan_document(d.plan)
+    seen = RuntimePlan.from_dict(d.plan.generation, doc)
+    assert (seen.generation, seen.restore_step) == (1, 5)
+    assert RecoveryPlan.from_json(json.dumps({k: v for k, v in doc.items()})) == d.plan
+
+
+def test_pod_evicted_from_a_lost_node(job):
+    """The taint manager marks the lost node's pod for deletion: it is still the node's rank (a
+    cool-down for that node), it is force-deleted to free its name, and it raises no second plan."""
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    evicted = pods.pop(2)  # node-c
+    evicted["metadata"]["deletionTimestamp"] = "2027-01-15T07:59:50Z"
+    nodes = [_node("node-a"), _node("node-b"), _node("node-c", "Unknown", taints=["node.kubernetes.io/unreachable"])]
+
+    def obs(generation=0):
+        o = _obs(job, pods, nodes=nodes, progress=_progress("step", 12, generation), holdings=_holdings(11),
+                 generation=generation)
+        return Observation(**{**o.__dict__, "terminating": {2: evicted}})
+
+    d = decide(job.spec, Recorded(applied=0), obs(), {"phase": "Running"}, now=NOW)
+    assert [(f.kind, f.ranks, f.node) for f in d.failures] == [(FailureKind.NODE_LOST, (2,), "node-c")]
+    assert (d.plan.action.value, d.create, d.delete) == ("ReplacePods", (2,), (2,))
+    assert "node-c" in d.avoid_nodes
+    rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
+    again = decide(job.spec, rec, obs(1), {"phase": "Recovering", "restarts": 1}, now=NOW + 2)
+    assert (again.plan, again.failures, again.create, again.delete) == (None, (), (2,), (2,))

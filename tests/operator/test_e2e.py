@@ -1,0 +1,287 @@
+"""The chart on the dev cluster (a real kube-apiserver, scheduler, controllers and process nodes):
+helm install with the cluster's external Redis/MinIO, the operator runs as a pod under its own
+ServiceAccount, a TrainingJob gets one pod per rank with the sidecar injected and a status, and
+the operator's rights stop at what the chart grants."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "lifeline"
+EXAMPLE = ROOT / "examples" / "gpt-moe.yaml"
+RELEASE = "ll"
+OPERATOR_SA = "ll-lifeline-operator"
+
+pytestmark = pytest.mark.cluster
+
+
+def _wait(what: str, fn, timeout: float = 180.0, interval: float = 0.5):
+    """Poll ``fn`` until it returns a truthy value; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def _get(dc, *args) -> dict:
+    return json.loads(dc.kubectl("get", *args, "-o", "json"))
+
+
+@pytest.fixture
+def operator_release(devcluster, namespace):
+    """The chart installed into ``namespace`` (watching it), Redis/MinIO from the dev cluster."""
+    from minio import Minio
+
+    s3 = Minio(devcluster.minio_endpoint, devcluster.minio_access_key, devcluster.minio_secret_key, secure=False)
+    if not s3.bucket_exists("lifeline"):
+        s3.make_bucket("lifeline")
+    crd_exists = devcluster.kubectl("get", "crd", "trainingjobs.lifeline.dev", "--ignore-not-found", "-o", "name")
+    devcluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", namespace,
+        "--set", f"crds.enabled={'false' if crd_exists.strip() else 'true'}",
+        "--set", f"redis.external.url={devcluster.redis_url}",
+        "--set", f"objectStorage.external.endpoint={devcluster.minio_endpoint}",
+        "--set", f"objectStorage.accessKey={devcluster.minio_access_key}",
+        "--set", f"objectStorage.secretKey={devcluster.minio_secret_key}",
+        "--set", "operator.resyncSeconds=2",
+        "--set", "operator.metricsService.enabled=false",  # Endpoints refuse the dev cluster's loopback pod IPs
+    )
+    devcluster.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.lifeline.dev", "--timeout=60s")
+
+    def operator_ready():
+        pods = _get(devcluster, "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator")["items"]
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for p in pods for c in p.get("status", {}).get("conditions", []))
+
+    _wait("the operator pod to be Ready", operator_ready, timeout=120)
+    try:
+        yield namespace
+    finally:
+        devcluster.kubectl("delete", "trainingjobs", "--all", "-n", namespace, "--wait=false", check=False)
+        devcluster.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "60s", check=False)
+
+
+def test_trainingjob_gets_pods_with_sidecar_and_status(devcluster, operator_release):
+    ns = operator_release
+    body = yaml.safe_load(EXAMPLE.read_text())
+    devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+    def all_pods():
+        items = _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=gpt-moe")["items"]
+        return items if len(items) == 4 else None
+
+    pods = sorted(_wait("4 rank pods", all_pods, timeout=120), key=lambda p: int(p["metadata"]["labels"]["lifeline.dev/rank"]))
+    job = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns)
+    assert [p["metadata"]["name"] for p in pods] == [f"gpt-moe-{r}" for r in range(4)]
+    for r, pod in enumerate(pods):
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["trainer", "sidecar"]
+        assert pod["metadata"]["labels"]["lifeline.dev/generation"] == "0"
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        assert pod["spec"]["serviceAccountName"] == "ll-lifeline-workload"
+        env = {e["name"]: e for e in pod["spec"]["containers"][1]["env"]}
+        assert env["LIFELINE_RANK"]["value"] == str(r)
+        assert env["LIFELINE_REDIS_URL"]["value"] == devcluster.redis_url
+    secret = _get(devcluster, "secret", "gpt-moe-lifeline", "-n", ns)
+    assert len(secret["data"]["hmac-key"]) > 40  # base64 of 64 hex characters
+
+    def status():
+        st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
+        return st if st.get("phase") and st.get("conditions") else None
+
+    st = _wait("a status with phase and conditions", status, timeout=60)
+    assert st["phase"] in ("Pending", "Running", "Recovering", "Succeeded")
+    assert {c["type"] for c in st["conditions"]} == {"Ready", "Progressing", "Recovering", "Degraded"}
+    assert all(c["observedGeneration"] == job["metadata"]["generation"] for c in st["conditions"])
+    events = _get(devcluster, "events", "-n", ns, "--field-selector", "involvedObject.name=gpt-moe")["items"]
+    assert {"SecretCreated", "PodCreated"} <= {e["reason"] for e in events}
+
+    # deleting the job garbage-collects its pods and Secret (ownerReferences)
+    devcluster.kubectl("delete", "trainingjob", "gpt-moe", "-n", ns, "--wait=true", "--timeout=60s")
+    _wait("the job's pods to be garbage-collected",
+          lambda: not _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=gpt-moe")["items"], timeout=120)
+
+
+def test_operator_rights_stop_at_the_chart(devcluster, operator_release):
+    ns = operator_release
+    other = f"{ns}-other"
+    devcluster.create_namespace(other)
+    try:
+        who = f"system:serviceaccount:{ns}:{OPERATOR_SA}"
+
+        def can(*args: str) -> bool:
+            out = devcluster.kubectl("auth", "can-i", *args, "--as", who, check=False).strip()
+            return out == "yes"
+
+        assert can("create", "secrets", "-n", ns)
+        assert can("create", "pods", "-n", ns)
+        assert can("list", "nodes")
+        assert can("patch", "trainingjobs.lifeline.dev/status", "-n", ns)
+        assert not can("get", "secrets", "-n", other)
+        assert not can("create", "pods", "-n", other)
+        assert not can("delete", "nodes")
+        assert not can("update", "secrets", "-n", ns)
+        assert not can("get", "secrets", "-n", "kube-system")
+        # the API server refuses the operator's identity a Secret in another namespace (403), not a 404
+        from kubernetes import client
+
+        devcluster.kubectl("create", "secret", "generic", "probe", "-n", other, "--from-literal=k=v")
+        api = devcluster.api_client()
+        api.set_default_header("Impersonate-User", who)
+        with pytest.raises(client.ApiException) as denied:
+            client.CoreV1Api(api).read_namespaced_secret("probe", other)
+        assert denied.value.status == 403
+    finally:
+        devcluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def _catalog_as_trainers_report(redis_url: str, job: str, *, generation: int, step: int, placement: dict) -> None:
+    """Write what the runtime and the sidecars publish (progress per rank; L0 and one L1 holding
+    per shard on another node) for a job whose trainer does not checkpoint (a sleeping process)."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    ranks = sorted(placement)
+    for rank in ranks:
+        peer = next(p for p in ranks[rank + 1:] + ranks[:rank] if placement[p] != placement[rank])
+        r.sadd(f"lifeline:{job}:holders:{step}:{rank}", f"L0@{rank}", f"L1@{peer}")
+        r.hset(f"lifeline:{job}:progress", str(rank), json.dumps(
+            {"event": "step", "rank": rank, "generation": generation, "step": step, "time": time.time()}))
+    r.zadd(f"lifeline:{job}:steps", {str(step): step})
+    r.set(f"lifeline:{job}:complete", step)
+    r.close()
+
+
+def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
+    """The operator's half of a node failure, with a trainer that only sleeps: the catalog records
+    the trainers and sidecars would publish are written by the test. The node of rank 2 is killed;
+    the operator commits a ReplacePods plan (annotations, then the catalog), replaces the pod on a
+    healthy node with the dead node in its NotIn affinity, and closes the recovery once every rank
+    reports a step in the new generation. The operator is itself restarted mid-way and acts once."""
+    ns = operator_release
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["name"] = "sleepy"
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", "import time; time.sleep(1e6)"]
+    devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+    def placed():
+        items = _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=sleepy")["items"]
+        ok = len(items) == 4 and all(p["spec"].get("nodeName") for p in items)
+        return {int(p["metadata"]["labels"]["lifeline.dev/rank"]): p["spec"]["nodeName"] for p in items} if ok else None
+
+    placement = _wait("4 scheduled pods", placed, timeout=120)
+    _wait("the operator to own the job's catalog keys", lambda: __import__("redis").Redis.from_url(
+        devcluster.redis_url).get("lifeline:sleepy:owner"), timeout=60)
+    _catalog_as_trainers_report(devcluster.redis_url, "sleepy", generation=0, step=5, placement=placement)
+    _wait("phase Running", lambda: (_get(devcluster, "trainingjob", "sleepy", "-n", ns).get("status") or {})
+          .get("phase") == "Running", timeout=60)
+    victim = placement[2]
+    devcluster.kill_node(victim)
+    try:
+        def planned():
+            st = _get(devcluster, "trainingjob", "sleepy", "-n", ns).get("status") or {}
+            return st if st.get("generation") == 1 else None
+
+        st = _wait(f"a recovery plan after killing {victim}", planned, timeout=120)
+        assert st["phase"] == "Recovering" and st["restarts"] == 1
+        (rec,) = st["recoveries"]
+        assert (rec["kind"], rec["fromStep"], rec["tier"]) == ("ReplacePods", 5, "L1")
+        assert 2 in rec["ranks"]
+        devcluster.kubectl("delete", "pod", "-n", ns, "-l", "app.kubernetes.io/component=operator", "--wait=false")
+
+        def replaced():
+            pods = _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=sleepy")["items"]
+            new = [p for p in pods if p["metadata"]["labels"]["lifeline.dev/generation"] == "1"
+                   and p["spec"].get("nodeName")]
+            return new if len(new) == len(rec["ranks"]) else None
+
+        for pod in _wait("the lost ranks' pods on healthy nodes", replaced, timeout=120):
+            assert pod["spec"]["nodeName"] != victim
+            terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [victim]} in \
+                terms["nodeSelectorTerms"][0]["matchExpressions"]
+        import redis
+
+        plan = json.loads(redis.Redis.from_url(devcluster.redis_url).get("lifeline:sleepy:plan:1"))
+        assert (plan["generation"], plan["restore_step"], plan["action"]) == (1, 5, "ReplacePods")
+        survivors = {r: n for r, n in placement.items() if n != victim}
+        _catalog_as_trainers_report(devcluster.redis_url, "sleepy", generation=1, step=6,
+                                    placement={**survivors, **{r: "elsewhere" for r in rec["ranks"]}})
+
+        def resumed():
+            st = _get(devcluster, "trainingjob", "sleepy", "-n", ns).get("status") or {}
+            return st if st.get("phase") == "Running" and st["recoveries"][0].get("seconds") is not None else None
+
+        st = _wait("the recovery to close", resumed, timeout=60)
+        assert st["generation"] == 1 and st["restarts"] == 1 and len(st["recoveries"]) == 1  # acted once
+        reasons = [e["reason"] for e in _get(devcluster, "events", "-n", ns,
+                                             "--field-selector", "involvedObject.name=sleepy")["items"]]
+        assert reasons.count("ReplacePods") == 1 and "Recovered" in reasons
+    finally:
+        devcluster.start_node(victim)
+        devcluster.wait_nodes_ready(timeout=120)
+
+
+@pytest.mark.slow
+def test_training_survives_a_node_failure(devcluster, operator_release):
+    """Kill the node of a rank mid-training: the operator replaces the lost pods on other nodes,
+    the ranks restore (L0/L1) in a new generation, and the job still finishes."""
+    ns = operator_release
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["steps"] = 40
+    body["spec"]["recovery"]["hangTimeoutSeconds"] = 120
+    devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+    def progressed():
+        st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
+        return st if st.get("phase") == "Running" and (st.get("completeStep") or 0) >= 3 else None
+
+    _wait("training to reach a complete checkpoint at step >= 3", progressed, timeout=300)
+    victim = _get(devcluster, "pod", "gpt-moe-1", "-n", ns)["spec"]["nodeName"]
+    devcluster.kill_node(victim)
+    try:
+        _survive(devcluster, ns, victim)
+    finally:  # later tests of the session get all their nodes back
+        devcluster.start_node(victim)
+        devcluster.wait_nodes_ready(timeout=120)
+
+
+def _survive(devcluster, ns: str, victim: str) -> None:
+    def replaced():  # collective errors may come first (RestartInPlace); the node loss then replaces pods
+        st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
+        return [r for r in st.get("recoveries") or [] if r["kind"] in ("ReplacePods", "Rollback", "Reshard")
+                and 1 in r["ranks"]]
+
+    _wait(f"a recovery replacing the pods of {victim}", replaced, timeout=180)
+
+    def moved():
+        pods = _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=gpt-moe")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live if len(live) == 4 and all(p["spec"].get("nodeName") not in (None, victim) for p in live) else None
+
+    for pod in _wait("every rank on a healthy node", moved, timeout=180):
+        affinity = json.dumps(pod["spec"].get("affinity", {}))
+        if pod["metadata"]["labels"]["lifeline.dev/generation"] != "0":
+            assert victim in affinity  # the failed node is in cool-down for the new pods
+
+    def finished():
+        st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    st = _wait("the job to finish", finished, timeout=600)
+    history = [(r["generation"], r["kind"], r["ranks"], r.get("fromStep")) for r in st.get("recoveries", [])]
+    assert st["phase"] == "Succeeded", f"{st.get('message')}; recoveries: {history}"
+    assert st["restarts"] >= 1 and st["step"] == 40
+    assert any(r.get("seconds") is not None for r in st["recoveries"])
+    reasons = {e["reason"] for e in _get(devcluster, "events", "-n", ns,
+                                         "--field-selector", "involvedObject.name=gpt-moe")["items"]}
+    assert {"FailureDetected", "Recovered", "Succeeded"} <= reasons
