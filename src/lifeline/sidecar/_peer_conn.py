@@ -1,0 +1,146 @@
+"""The sidecar's side of the peer protocol on TCP (one thread per authenticated connection).
+
+See :mod:`lifeline.sidecar.peer` for the requests. A received blob is written straight into
+its final buffer (bounded by the memory bound, refused beyond it), each frame's crc32c checked on
+arrival, and the whole blob verified against its chunk checksums before the holding is
+registered and acknowledged. A peer that disconnects mid-transfer leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+from lifeline.errors import AuthError, ChecksumError, LifelineError, PeerError
+from lifeline.sidecar import _format
+from lifeline.sidecar._frames import crc32c, recv_ctrl, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar.auth import server_handshake
+from lifeline.sidecar.store import Holding
+
+log = logging.getLogger("lifeline.sidecar.peer")
+
+
+def serve_peer(sc, conn: socket.socket, addr) -> None:
+    """Authenticate, then serve requests until the peer closes."""
+    peer = f"{addr[0]}:{addr[1]}"
+    conn.settimeout(60.0)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        server_handshake(conn, secret=sc.secret, job=sc.job, peer=peer)
+    except AuthError:
+        sc.metrics.errors.labels("auth").inc()
+        return
+    except (PeerError, OSError):
+        sc.metrics.errors.labels("peer").inc()
+        return
+    while not sc.stopping.is_set():
+        try:
+            msg = recv_ctrl(conn)
+        except (PeerError, OSError):
+            return
+        op = msg.get("op")
+        try:
+            if op == "put":
+                if not _put(sc, conn, msg, peer):
+                    return
+            elif op == "get":
+                _get(sc, conn, msg)
+            elif op == "delete":
+                h = sc.store.get(msg["kind"], int(msg["step"]), int(msg["rank"]), msg.get("name", ""))
+                if h is not None:
+                    sc.store.remove(h)
+                send_ctrl(conn, {"op": "ok"})
+            else:
+                send_ctrl(conn, {"op": "error", "error": f"unknown request {op!r}"})
+        except (KeyError, ValueError, TypeError) as err:
+            sc.metrics.errors.labels("protocol").inc()
+            send_ctrl(conn, {"op": "error", "error": f"bad request: {err}"})
+
+
+def verify_blob(kind: str, meta: str, blob: memoryview, *, step: int, rank: int) -> None:
+    """Verify a received blob: shard chunk checksums, or an upstream-log entry's crc32c."""
+    if kind == "shard":
+        _format.verify(meta, blob, rank=rank, step=step, tier="L1")
+    else:
+        expected = json.loads(meta)["crc32c"]
+        if crc32c(blob) != expected:
+            raise ChecksumError("upstream-log entry failed its crc32c", rank=rank, step=step, tier="L1")
+
+
+def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
+    kind, name = msg["kind"], msg.get("name", "")
+    step, rank, n, meta = int(msg["step"]), int(msg["rank"]), int(msg["nbytes"]), msg["meta"]
+    if kind not in ("shard", "ulog") or n < 0:
+        send_ctrl(conn, {"op": "error", "error": f"bad put of kind {kind!r} and {n} bytes"})
+        return True
+    if not sc.store.make_room(n):
+        sc.metrics.errors.labels("memory").inc()
+        log.warning("refused %d bytes from %s: over LIFELINE_MEMORY_BYTES", n, peer)
+        send_ctrl(conn, {"op": "error", "error": "memory bound reached", "kind": "memory"})
+        return True
+    buf = sc.take_buffer(n)
+    verifier = None
+    if kind == "shard":
+        try:  # chunks are verified while the rest of the blob is still arriving
+            verifier = _format.StreamVerifier(meta, buf, rank=rank, step=step, tier="L1")
+        except LifelineError as err:  # unreadable metadata
+            sc.give_buffer(buf)
+            sc.metrics.errors.labels("protocol").inc()
+            send_ctrl(conn, {"op": "error", "error": f"bad shard metadata: {err}"})
+            return True
+    send_ctrl(conn, {"op": "ready"})
+    got = 0
+    try:
+        while got < n:
+            got += recv_data_into(conn, buf[got:])
+            if verifier is not None:
+                verifier.advance(got)
+        if verifier is not None:
+            verifier.finish()
+        else:
+            verify_blob(kind, meta, buf, step=step, rank=rank)
+    except ChecksumError as err:
+        sc.give_buffer(buf)
+        sc.report_corrupt(err, "L1", f"transfer from {peer}")
+        send_ctrl(conn, {"op": "error", "error": str(err), "kind": "checksum"})
+        return False
+    except (PeerError, OSError) as err:
+        if verifier is not None:
+            verifier.abort()
+        sc.give_buffer(buf)
+        sc.metrics.errors.labels("peer").inc()
+        log.warning("peer %s disconnected mid-transfer of %s step %d rank %d (%d of %d bytes); discarded: %s",
+                    peer, kind, step, rank, got, n, err)
+        return False
+    h = Holding(kind, step, rank, n, buf, meta, "L1", None, name)
+    sc.store.add(h, keep=sc.s.keep if kind == "shard" else None)
+    if kind == "shard":
+        sc.catalog_try(sc.catalog.add_holding, step, rank, f"L1@{sc.rank}", meta)
+    sc.update_gauges()
+    send_ctrl(conn, {"op": "ack"})
+    return True
+
+
+def _get(sc, conn: socket.socket, msg: dict) -> None:
+    kind, name, step, rank = msg["kind"], msg.get("name", ""), int(msg["step"]), int(msg["rank"])
+    h = sc.store.pin(kind, step, rank, name)
+    if h is None:
+        send_ctrl(conn, {"op": "error", "error": f"{kind} {name} step {step} rank {rank} is not held here",
+                         "kind": "missing"})
+        return
+    try:
+        off = int(msg.get("offset") or 0)
+        length = msg.get("length")
+        end = h.nbytes if length is None else off + int(length)
+        if off < 0 or end > h.nbytes or off > end:
+            raise LifelineError(f"byte range [{off}, {end}) outside the {h.nbytes}-byte blob")
+        view = h.buf[off:end]
+        send_ctrl(conn, {"op": "data", "nbytes": len(view), "meta": h.meta})
+        chunk = sc.s.chunk_bytes
+        for o in range(0, len(view), chunk):  # shard bytes are verified by chunk checksums at the reader
+            send_data(conn, view[o : o + chunk], checksum=kind != "shard")
+    except LifelineError as err:
+        send_ctrl(conn, {"op": "error", "error": str(err)})
+    finally:
+        sc.unpin(h)

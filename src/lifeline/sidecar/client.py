@@ -1,0 +1,303 @@
+"""The trainer's side of the sidecar: one memcpy per save, restores from the nearest verified copy.
+
+>>> client = SidecarClient(TrainerSettings())          # doctest: +SKIP
+>>> receipt = client.save(step, state, plan)           # returns once the bytes are in the arena
+>>> result = client.restore(into=state)                # latest complete step, L0 → L1 → L2
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import pickle
+import socket
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from lifeline.api.pod import PodSettings
+from lifeline.errors import ArenaFullError, ConfigError, LayoutError, PeerError, RecoveryError, SidecarError
+from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar.arena import ArenaView
+from lifeline.sidecar.ulog import LogKey
+
+__all__ = ["SidecarClient", "SaveReceipt", "RestoreResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReceipt:
+    """What one save cost the trainer.
+
+    Attributes:
+        step: the step saved.
+        stall_seconds: wall time the trainer spent in :meth:`SidecarClient.save` (slot handover,
+            memcpy into the arena and any backpressure wait).
+        waited_seconds: part of the stall spent waiting for a free slot (backpressure).
+        skipped: True when no slot was free under the ``skip`` policy (nothing was saved).
+        nbytes: bytes copied into the arena (0 when skipped).
+    """
+
+    step: int
+    stall_seconds: float
+    waited_seconds: float
+    skipped: bool
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """The outcome of a restore.
+
+    Attributes:
+        step: the step restored.
+        tier: where the verified copy came from: ``"L0"`` (this pod's sidecar memory), ``"L1"``
+            (a peer sidecar) or ``"L2"`` (object storage).
+        nbytes: blob size in bytes.
+        seconds: wall time of the restore.
+    """
+
+    step: int
+    tier: str
+    nbytes: int
+    seconds: float
+
+
+def _raise(msg: dict[str, Any], what: str) -> None:
+    if msg.get("op") == "error":
+        kind = msg.get("type", "")
+        cls = RecoveryError if kind == "RecoveryError" else SidecarError
+        raise cls(f"sidecar refused {what}: {msg.get('error')}")
+
+
+class SidecarClient:
+    """Connection of one trainer process to its pod's sidecar (Unix socket + shared-memory arena).
+
+    Args:
+        settings: the pod's :class:`~lifeline.api.pod.TrainerSettings` (a plain
+            :class:`~lifeline.api.pod.PodSettings` gets the default policy ``wait``).
+
+    Raises:
+        SidecarError: the sidecar's socket did not appear within ``connect_timeout_seconds``.
+
+    Not thread-safe: one client per trainer process (or a lock around it).
+    """
+
+    def __init__(self, settings: PodSettings) -> None:
+        self.settings = settings
+        self.policy = getattr(settings, "backpressure", "wait")
+        self.wait_timeout = float(getattr(settings, "wait_timeout_seconds", 600.0))
+        self.rank = settings.rank
+        self._sock = self._connect(float(getattr(settings, "connect_timeout_seconds", 60.0)))
+        hello = recv_ctrl(self._sock)
+        if hello.get("op") != "hello" or hello.get("rank") != settings.rank or hello.get("job") != settings.job:
+            raise SidecarError(f"the socket {settings.socket_path} belongs to another sidecar: {hello}",
+                               job=settings.job, rank=settings.rank)
+        self.slot_bytes = int(hello["slot_bytes"])
+        self.arena = ArenaView(hello["arena_dir"], self.slot_bytes)
+        for i in range(int(hello["slots"])):  # map (and populate) every slot now, not inside a save
+            self.arena.view(i)
+        self._plan: Any = None
+        self._plan_id = ""
+        self._sent_plans: set[str] = set()
+
+    def _connect(self, timeout: float) -> socket.socket:
+        deadline = time.monotonic() + timeout
+        path = str(self.settings.socket_path)
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+                return s
+            except OSError as err:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise SidecarError(f"no sidecar listening on {path} after {timeout:.0f} s: {err}",
+                                       job=self.settings.job, rank=self.settings.rank) from err
+                time.sleep(0.05)
+
+    def _call(self, msg: dict[str, Any], what: str) -> dict[str, Any]:
+        try:
+            send_ctrl(self._sock, msg)
+            reply = recv_ctrl(self._sock)
+        except (OSError, PeerError) as err:
+            raise SidecarError(f"lost the sidecar during {what}: {err}", job=self.settings.job, rank=self.rank) from err
+        _raise(reply, what)
+        return reply
+
+    # ------------------------------------------------------------------ planning
+    def _plan_for(self, state: Mapping[str, Any], plan: Any) -> Any:
+        from lifeline.checkpoint import Layout, PatternRules, plan_shard
+
+        if plan is None:
+            if self._plan is not None and self._plan.matches(state):
+                plan = self._plan
+            else:  # no layout given: every entry is this rank's own, replicated over data parallelism
+                plan = plan_shard(state, Layout(data=self.settings.world_size), self.rank, PatternRules([]))
+        if plan is not self._plan:
+            blob = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+            self._plan, self._plan_id = plan, hashlib.sha256(blob).hexdigest()[:32]
+            self._plan_blob = base64.b64encode(blob).decode()
+        return plan
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, state: Mapping[str, Any], plan: Any = None) -> SaveReceipt:
+        """Copy ``state`` into a free arena slot and hand it to the sidecar; returns once the bytes are there.
+
+        Args:
+            step: number of completed optimizer steps (>= 0).
+            state: fully qualified name → local CPU tensor or bytes-like entry.
+            plan: a ``ShardPlan`` from ``lifeline.checkpoint.plan_shard`` (layout, rank, pattern
+                rules); None plans a data-parallel (replicated) layout, reusing the last plan while
+                it matches.
+
+        Returns:
+            :class:`SaveReceipt` with the stall, the backpressure wait and whether it was skipped.
+
+        Raises:
+            ArenaFullError: no slot freed within ``wait_timeout_seconds`` (policy ``wait``).
+            SidecarError: the blob exceeds the slot size, or the sidecar is gone.
+            LayoutError: ``state`` does not match ``plan``.
+        """
+        from lifeline.checkpoint import write_shard
+
+        if step < 0:
+            raise ConfigError(f"step must be >= 0, got {step}", field="step")
+        t0 = time.perf_counter()
+        plan = self._plan_for(state, plan)
+        if plan.rank != self.rank:
+            raise LayoutError(f"plan is for rank {plan.rank}, this trainer is rank {self.rank}", rank=self.rank)
+        reply = self._call({"op": "acquire", "nbytes": plan.nbytes, "policy": self.policy,
+                            "timeout": self.wait_timeout}, "acquire")
+        waited = float(reply.get("waited", 0.0))
+        if reply["op"] == "skipped":
+            if self.policy == "wait":
+                raise ArenaFullError(f"no arena slot freed within {self.wait_timeout:.0f} s", job=self.settings.job,
+                                     rank=self.rank, step=step)
+            stall = time.perf_counter() - t0
+            self._report(stall, waited, True)
+            return SaveReceipt(step, stall, waited, True, 0)
+        slot = int(reply["slot"])
+        try:
+            write_shard(plan, state, self.arena.view(slot, plan.nbytes))
+        except BaseException:
+            self._call({"op": "abort", "slot": slot}, "abort")
+            raise
+        msg = {"op": "commit", "slot": slot, "step": step, "nbytes": plan.nbytes, "plan_id": self._plan_id}
+        if self._plan_id not in self._sent_plans:
+            msg["plan"] = self._plan_blob
+        self._call(msg, "commit")
+        self._sent_plans.add(self._plan_id)
+        stall = time.perf_counter() - t0
+        self._report(stall, waited, False)
+        return SaveReceipt(step, stall, waited, False, plan.nbytes)
+
+    def _report(self, stall: float, waited: float, skipped: bool) -> None:
+        send_ctrl(self._sock, {"op": "report", "stall": stall, "waited": waited, "skipped": skipped})
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, step: int | None = None, into: MutableMapping[str, Any] | None = None, plan: Any = None,
+                rank: int | None = None) -> RestoreResult:
+        """Restore ``into`` (in place) from the nearest verified copy of this rank's shard.
+
+        The sidecar takes the copy from its memory (L0), else a peer (L1), else storage (L2),
+        verifying every chunk checksum and falling back on any failure; the trainer then copies
+        from the arena slot into ``into``'s tensors (byte entries are replaced in ``into``).
+
+        Args:
+            step: the step to restore; None for the job's latest complete step.
+            into: fqn → tensor (filled in place) / bytes entries, with the saved names, shapes, dtypes.
+            plan: the ``ShardPlan`` used to save (None: the default data-parallel plan of ``into``).
+            rank: whose shard (default: this trainer's rank).
+
+        Raises:
+            RecoveryError: no tier holds a verified copy.
+            LayoutError: ``into`` does not match the stored blob.
+        """
+        t0 = time.perf_counter()
+        reply = self._call({"op": "restore", "step": step, "rank": self.rank if rank is None else rank}, "restore")
+        slot, nbytes = int(reply["slot"]), int(reply["nbytes"])
+        try:
+            if into is not None:
+                plan = self._plan_for(into, plan)
+                if plan.nbytes != nbytes:
+                    raise LayoutError(f"the stored blob has {nbytes} bytes but `into` plans {plan.nbytes}; restore "
+                                      "into a state with the saved names, shapes and dtypes", rank=self.rank,
+                                      step=int(reply["step"]))
+                _read_shard(plan, self.arena.view(slot, nbytes), into)
+        finally:
+            self._call({"op": "release", "slot": slot}, "release")
+        return RestoreResult(int(reply["step"]), reply["tier"], nbytes, time.perf_counter() - t0)
+
+    def latest_complete_step(self) -> int | None:
+        """The job's latest complete step (every rank verified at the required tier), None if none yet."""
+        return self._call({"op": "latest"}, "latest")["step"]
+
+    # ------------------------------------------------------------------ upstream logs
+    def put_log(self, key: LogKey, data: Any) -> None:
+        """Store an upstream-log entry (bytes-like or a contiguous CPU tensor's bytes); replicated to peers."""
+        view = _bytes_view(data)
+        try:
+            send_ctrl(self._sock, {"op": "log_put", "key": key.to_dict(), "nbytes": len(view)})
+            send_data(self._sock, view)
+            _raise(recv_ctrl(self._sock), "log_put")
+        except (OSError, PeerError) as err:
+            raise SidecarError(f"lost the sidecar during log_put: {err}", rank=self.rank) from err
+
+    def get_log(self, key: LogKey, rank: int | None = None) -> bytearray:
+        """Fetch an upstream-log entry of ``rank`` (default this rank) from the nearest holder, verified."""
+        reply = self._call({"op": "log_get", "key": key.to_dict(), "rank": self.rank if rank is None else rank},
+                           "log_get")
+        out = bytearray(int(reply["nbytes"]))
+        recv_data_into(self._sock, memoryview(out))
+        return out
+
+    def gc_logs(self, before: int) -> int:
+        """Drop every upstream-log entry of iterations < ``before`` held by this sidecar; returns the count."""
+        return int(self._call({"op": "log_gc", "before": before}, "log_gc")["dropped"])
+
+    def close(self) -> None:
+        """Close the socket and unmap the arena."""
+        try:
+            self._sock.close()
+        finally:
+            self.arena.close()
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _bytes_view(data: Any) -> memoryview:
+    if hasattr(data, "numpy") and hasattr(data, "is_contiguous"):
+        import torch
+
+        return memoryview(data.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return memoryview(data).cast("B")
+
+
+def _read_shard(plan: Any, blob: memoryview, into: MutableMapping[str, Any]) -> None:
+    """Copy every entry of ``blob`` (laid out by ``plan``) into ``into``: the inverse of ``write_shard``."""
+    import torch
+
+    buf = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+    for t in plan.tensors:
+        dst = into[t.fqn]
+        if not dst.is_contiguous():
+            raise LayoutError(f"tensor {t.fqn!r} to restore into is not contiguous", key=t.fqn)
+        flat = dst.reshape(-1)
+        for c in t.chunks:
+            p = c.piece
+            src = buf[c.byte_offset : c.byte_offset + c.byte_length].view(dst.dtype).view(p.lengths)
+            base = flat[p.base : p.base + math.prod(p.base_shape)].view(p.base_shape)
+            base[tuple(slice(o, o + n) for o, n in zip(p.offsets, p.lengths))].copy_(src)
+    for b in plan.bytes_entries:
+        data = bytes(blob[b.byte_offset : b.byte_offset + b.byte_length])
+        cur = into.get(b.key)
+        if isinstance(cur, bytearray) and len(cur) == len(data):
+            cur[:] = data
+        else:
+            into[b.key] = data

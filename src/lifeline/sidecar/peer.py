@@ -1,0 +1,136 @@
+"""Sidecar-to-sidecar protocol over TCP: the peer client (replication, restore, upstream logs).
+
+After the mutual HMAC handshake (:mod:`lifeline.sidecar.auth`) a connection carries any number of
+requests, each a control frame answered by a control frame (plus data frames):
+
+* ``put`` ``{kind, name, step, rank, nbytes, meta}`` → ``ready`` | ``error``; then the blob in data
+  frames of at most ``chunk_bytes`` (each with its crc32c, checked on arrival); the receiver
+  verifies the whole blob against ``meta`` and registers its holding *before* answering ``ack``
+  (or ``error``: the copy is discarded).
+* ``get`` ``{kind, name, step, rank, offset, length}`` → ``data {nbytes, meta}`` + data frames |
+  ``error {missing}``. Byte ranges serve resharding restores.
+* ``delete`` ``{kind, name, step, rank}`` → ``ok`` (upstream-log garbage collection).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from lifeline.errors import ChecksumError, PeerError
+from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar.auth import client_handshake
+
+__all__ = ["PeerClient"]
+
+
+class PeerClient:
+    """An authenticated connection to one peer sidecar.
+
+    Args:
+        host, port: the peer's pod IP and peer port (from the catalog).
+        secret: the job secret (bytes).
+        job: the job name.
+        chunk_bytes: bytes per data frame when sending.
+        timeout: socket timeout in seconds.
+        source: local address to bind (so a sidecar speaks from its pod IP).
+
+    Raises:
+        PeerError: cannot connect; AuthError: the handshake failed.
+    """
+
+    def __init__(
+        self, host: str, port: int, *, secret: bytes, job: str, chunk_bytes: int = 4 << 20, timeout: float = 30.0,
+        source: str | None = None,
+    ) -> None:
+        self.peer = f"{host}:{port}"
+        self.chunk_bytes = chunk_bytes
+        self.job = job
+        try:
+            self.sock = socket.create_connection(
+                (host, port), timeout=timeout, source_address=(source, 0) if source else None
+            )
+        except OSError as err:
+            raise PeerError(f"cannot connect to peer sidecar {self.peer}: {err}", job=job) from err
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # buffers: kernel autotuning
+        try:
+            client_handshake(self.sock, secret=secret, job=job, peer=self.peer)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _err(self, msg: dict[str, Any], what: str, **ctx) -> PeerError:
+        if msg.get("kind") == "checksum":
+            return ChecksumError(f"peer {self.peer} rejected {what}: {msg.get('error')}", job=self.job, tier="L1", **ctx)
+        return PeerError(f"peer {self.peer} refused {what}: {msg.get('error')}", job=self.job, **ctx)
+
+    def put(self, *, kind: str, step: int, rank: int, blob: memoryview, meta: str, name: str = "") -> None:
+        """Stream ``blob`` to the peer; returns once the peer verified and registered it.
+
+        Raises:
+            PeerError: refused (e.g. memory bound), disconnected mid-transfer.
+            ChecksumError: the peer found the bytes corrupt (nothing was kept).
+        """
+        blob = memoryview(blob).cast("B")
+        n = len(blob)
+        try:
+            send_ctrl(self.sock, {"op": "put", "kind": kind, "name": name, "step": step, "rank": rank, "nbytes": n, "meta": meta})
+            reply = recv_ctrl(self.sock)
+            if reply.get("op") != "ready":
+                raise self._err(reply, f"{kind} {name} step {step} rank {rank}", step=step, rank=rank)
+            for off in range(0, n, self.chunk_bytes):  # shards: the receiver checks every chunk's checksum
+                send_data(self.sock, blob[off : off + self.chunk_bytes], checksum=kind != "shard")
+            reply = recv_ctrl(self.sock)
+        except OSError as err:
+            raise PeerError(f"peer {self.peer} disconnected during put: {err}", job=self.job, step=step, rank=rank) from err
+        if reply.get("op") != "ack":
+            raise self._err(reply, f"{kind} {name} step {step} rank {rank}", step=step, rank=rank)
+
+    def get(
+        self, *, kind: str, step: int, rank: int, name: str = "", offset: int = 0, length: int | None = None,
+        into: memoryview | None = None,
+    ) -> tuple[memoryview, str]:
+        """Fetch a held blob (or the byte range ``[offset, offset+length)``) with its metadata JSON.
+
+        Bytes land in ``into`` when given (must be large enough), else in a new bytearray.
+        Frames that carry a crc32c (upstream logs) are checked on arrival; for shards the caller
+        verifies the chunk checksums.
+
+        Raises:
+            PeerError: the peer does not hold it or disconnected; ChecksumError: a frame was corrupt.
+        """
+        try:
+            send_ctrl(self.sock, {"op": "get", "kind": kind, "name": name, "step": step, "rank": rank, "offset": offset, "length": length})
+            reply = recv_ctrl(self.sock)
+            if reply.get("op") != "data":
+                raise self._err(reply, f"get {kind} {name} step {step} rank {rank}", step=step, rank=rank)
+            n = int(reply["nbytes"])
+            if into is None:
+                into = memoryview(bytearray(n))
+            elif len(into) < n:
+                raise PeerError(f"peer {self.peer} offers {n} bytes, more than the {len(into)} room", step=step, rank=rank)
+            got = 0
+            while got < n:
+                got += recv_data_into(self.sock, into[got:n])
+        except OSError as err:
+            raise PeerError(f"peer {self.peer} disconnected during get: {err}", job=self.job, step=step, rank=rank) from err
+        return into[:n], reply.get("meta", "")
+
+    def delete(self, *, kind: str, step: int, rank: int, name: str = "") -> None:
+        """Drop a holding on the peer (no error when it is not held)."""
+        send_ctrl(self.sock, {"op": "delete", "kind": kind, "name": name, "step": step, "rank": rank})
+        reply = recv_ctrl(self.sock)
+        if reply.get("op") != "ok":
+            raise self._err(reply, "delete")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> PeerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
