@@ -49,6 +49,21 @@ def test_save_then_restore_from_l0_is_bit_identical(make_settings, sidecars):
     assert not list(s.arena_dir.glob("slot-*.bin"))  # a stopped sidecar frees its Memory-backed arena
 
 
+def test_restore_takes_byte_entry_lengths_from_the_stored_shard(make_settings, sidecars):
+    # A restarted trainer restores into a fresh state whose byte entries (data-loader position
+    # as JSON, say) are shorter than the saved ones: every offset after them must still come
+    # from the stored shard, not from a plan of the fresh state.
+    s, t = make_settings(0, 1, peer_replicas=0)
+    sidecars(s)
+    saved = state_at(3, 0) | {"loader": b'{"position": 123456789}', "zz.after": torch.arange(7.0)}
+    with SidecarClient(t) as c:
+        c.save(3, saved)
+        wait_for(lambda: c.latest_complete_step() == 3, what="step 3 complete at L0")
+        fresh = empty_like(0) | {"loader": b'{"position": 0}', "zz.after": torch.zeros(7)}
+        assert c.restore(into=fresh).step == 3
+    assert identical(fresh, saved)
+
+
 def test_arena_full_skip_and_measured_wait(make_settings, sidecars):
     s, t = make_settings(0, 1, slots=2, peer_replicas=0, trainer={"backpressure": "skip"})
     sc = sidecars(s)
