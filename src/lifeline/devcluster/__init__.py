@@ -1,1 +1,18 @@
-"""lifeline.devcluster (see DESIGN.md)."""
+"""lifeline.devcluster: a real Kubernetes control plane built from source, with process nodes.
+
+Public API:
+
+- :class:`DevCluster` (``DevCluster.up(state_dir, nodes=3)``, ``.down()``, ``.kubectl(...)``,
+  ``.helm(...)``, ``.kill_node(name)``, ``.freeze_node(name, thaw=False)``, ``.start_node(name)``,
+  ``.kill_container(pod, container, namespace=...)``, ``.kubeconfig``, ``.nodes``,
+  ``.redis_url``, ``.minio_endpoint``/``.minio_access_key``/``.minio_secret_key``).
+- :class:`RedisServer`, :class:`MinioServer`: real servers on loopback (tests, dev cluster).
+- :mod:`lifeline.devcluster.build`: the from-source build cache.
+
+See docs/devcluster.md.
+"""
+
+from lifeline.devcluster.cluster import DevCluster, Ports
+from lifeline.devcluster.services import MinioServer, RedisServer
+
+__all__ = ["DevCluster", "Ports", "RedisServer", "MinioServer"]
