@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from lifeline._poll import wait_for
+
 SECRET = "runtime-test-secret-0123456789"
 
 
@@ -72,12 +74,5 @@ def events(log: Path) -> list[dict]:
 
 
 def await_condition(cond: Callable[[], object], timeout: float, what: str, poll: float = 0.01):
-    """Poll ``cond`` until truthy (returning its value) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll)
+    """Poll ``cond`` until truthy (returning its value); ``TimeoutError`` after ``timeout`` seconds."""
+    return wait_for(cond, timeout, what, poll)

@@ -13,22 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from lifeline import _poll
 from lifeline.api.pod import SidecarSettings, TrainerSettings
 
 SECRET = "a-job-secret-of-32-characters!!!"
 HERE = Path(__file__).parent
 
 
-def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.02):
-    """Poll ``cond()`` until truthy (returned) or fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+wait_for = _poll.wait_for  # re-exported for the tests of this folder
 
 
 @pytest.fixture

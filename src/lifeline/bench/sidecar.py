@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lifeline._poll import wait_for
+
 __all__ = ["run_bench", "parse_size"]
 
 _UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -63,14 +65,7 @@ def _make_state(nbytes: int) -> dict[str, Any]:
 
 
 def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"bench: timed out waiting for {what}")
-        time.sleep(0.01)
+    return wait_for(cond, timeout, f"bench: {what}")
 
 
 # ------------------------------------------------------------------------------------ baselines
