@@ -1,1 +1,41 @@
-"""lifeline.launch (see DESIGN.md)."""
+"""lifeline.launch: run a TrainingJob spec as local processes (the embedded default).
+
+``lifeline run JOB.yaml`` starts Redis and the L2 store, then per rank one sidecar and one
+trainer process on a local "node" (a loopback address), with the same ``LIFELINE_*`` settings
+the operator gives a pod (:func:`lifeline.launch.env.rank_processes` renders the operator's pod
+and resolves it), and supervises them with :mod:`lifeline.control` (see docs/launch.md).
+
+Imports are lazy so ``lifeline --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LaunchOptions": "supervisor",
+    "Supervisor": "supervisor",
+    "Snapshot": "supervisor",
+    "RecoveryRecord": "supervisor",
+    "Injection": "inject",
+    "parse_injection": "inject",
+    "random_injections": "inject",
+    "load_for_launch": "spec",
+    "rank_processes": "env",
+    "RankProcesses": "env",
+    "Secrets": "env",
+    "summarize": "summary",
+    "state_digest": "summary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lifeline.launch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lifeline.launch.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,120 @@
+"""The shared services of a local run: the Redis catalog and the L2 store.
+
+* Redis: a real ``redis-server`` on loopback (:class:`lifeline.devcluster.services.RedisServer`),
+  fresh for every run (the catalog is rebuilt; checkpoints survive in L2).
+* L2: ``--persist-uri`` if given; else the spec's ``checkpoint.persist.uri`` — a ``file://`` URI
+  as written, an ``s3://`` URI on ``--s3-endpoint`` if given, otherwise on a MinIO server started
+  here with its data under the state dir (so a second run with the same state dir finds the
+  checkpoints of the first). No ``persist`` in the spec and no ``--persist-uri``: no L2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lifeline.api import TrainingJob
+from lifeline.errors import ConfigError
+
+__all__ = ["Services", "start_services"]
+
+
+@dataclass
+class Services:
+    """Running services and how the ranks reach them.
+
+    Attributes:
+        redis_url: the catalog URL.
+        persist_uri: the L2 URI handed to the sidecars (``None``: no L2).
+        s3_endpoint, s3_access_key, s3_secret_key: object storage for ``s3://`` URIs.
+        servers: the servers started here (stopped by :meth:`stop`).
+    """
+
+    redis_url: str
+    persist_uri: str | None = None
+    s3_endpoint: str = ""
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    servers: list[Any] = field(default_factory=list)
+
+    def storage(self) -> tuple[Any, str] | None:
+        """``(storage, prefix)`` of the L2 store (``None`` without L2)."""
+        if not self.persist_uri:
+            return None
+        from lifeline.checkpoint import storage_from_uri
+
+        if self.persist_uri.startswith("s3://"):
+            return storage_from_uri(self.persist_uri, endpoint=self.s3_endpoint, access_key=self.s3_access_key,
+                                    secret_key=self.s3_secret_key)
+        return storage_from_uri(self.persist_uri)
+
+    def pids(self) -> dict[str, int]:
+        """Process ids of the servers started here, by name."""
+        return {s.name: s.pid for s in self.servers if getattr(s, "pid", None)}
+
+    def stop(self) -> None:
+        """Stop every server started here (never raises)."""
+        for server in reversed(self.servers):
+            try:
+                server.stop()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        self.servers.clear()
+
+
+def _ensure_bucket(endpoint: str, access: str, secret: str, uri: str) -> None:
+    from minio import Minio
+
+    bucket = uri[len("s3://"):].split("/", 1)[0]
+    client = Minio(endpoint, access_key=access, secret_key=secret, secure=False)
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+
+
+def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None = None,
+                   s3_endpoint: str = "") -> Services:
+    """Start Redis and, when needed, MinIO; resolve the L2 URI (rules in the module docstring).
+
+    ``s3_endpoint`` credentials come from ``LIFELINE_S3_ACCESS_KEY``/``LIFELINE_S3_SECRET_KEY``
+    (or ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``).
+
+    Raises:
+        ConfigError: a persist URI that is neither ``s3://`` nor ``file://`` nor a path.
+        ClusterError: a server did not start.
+    """
+    from lifeline.devcluster.services import MinioServer, RedisServer
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    redis = RedisServer(state_dir=state_dir / "redis").start()
+    services = Services(redis_url=redis.url, servers=[redis])
+    try:
+        uri = persist_uri or (job.spec.checkpoint.persist.uri if job.spec.checkpoint.persist else None)
+        if uri is None:
+            return services
+        if uri.startswith("s3://"):
+            if s3_endpoint:
+                access = os.environ.get("LIFELINE_S3_ACCESS_KEY") or os.environ.get("AWS_ACCESS_KEY_ID", "")
+                secret = os.environ.get("LIFELINE_S3_SECRET_KEY") or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+                if not access or not secret:
+                    raise ConfigError("--s3-endpoint needs credentials in LIFELINE_S3_ACCESS_KEY and "
+                                      "LIFELINE_S3_SECRET_KEY", field="--s3-endpoint")
+            else:
+                minio = MinioServer(state_dir=state_dir / "minio").start()
+                services.servers.append(minio)
+                s3_endpoint, access, secret = minio.endpoint, minio.access_key, minio.secret_key
+            _ensure_bucket(s3_endpoint, access, secret, uri)
+            services.persist_uri, services.s3_endpoint = uri, s3_endpoint
+            services.s3_access_key, services.s3_secret_key = access, secret
+        elif uri.startswith("file://") or "://" not in uri:
+            path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+            path.mkdir(parents=True, exist_ok=True)
+            services.persist_uri = f"file://{path.resolve()}"
+        else:
+            raise ConfigError(f"persist URI {uri!r}: use s3://bucket/prefix, file:///path or a path",
+                              field="spec.checkpoint.persist.uri")
+        return services
+    except BaseException:
+        services.stop()
+        raise

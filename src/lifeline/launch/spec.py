@@ -1,0 +1,125 @@
+"""Validate a TrainingJob for a local run before anything starts.
+
+:func:`load_for_launch` adds to :func:`lifeline.api.load_trainingjob` (schema, replicas vs
+layout, unknown fields, the ``trainer`` container) what only a launcher can check: the trainer
+container has a command to run, and the reference model accepts the spec's model arguments and
+layout. Every problem is a :class:`~lifeline.errors.ConfigError` whose ``field`` names the wire
+path (``spec.layout.pipeline``, ``spec.model.args.d_model``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob, load_trainingjob
+from lifeline.errors import ConfigError, LifelineError
+
+__all__ = ["REFERENCE_MODELS", "load_for_launch", "trainer_argv", "check_model", "model_config"]
+
+REFERENCE_MODELS = ("gpt-moe", "gpt_moe")
+"""``spec.model.name`` values that mean the reference GPT-MoE trainer (as does no name)."""
+
+_REFERENCE_COMMANDS = (("-m", "lifeline", "trainer"), ("-m", "lifeline.models.gpt_moe"))
+
+
+def _trainer_index(job: TrainingJob) -> int:
+    containers = job.spec.template.get("spec", {}).get("containers", [])
+    return next(i for i, c in enumerate(containers) if c.get("name") == TRAINER_CONTAINER)
+
+
+def trainer_argv(job: TrainingJob) -> list[str]:
+    """The trainer container's ``command + args`` as a local argv.
+
+    A leading ``python``/``python3`` becomes :data:`sys.executable` (the launcher's interpreter, with
+    Lifeline installed); a leading ``lifeline`` becomes ``sys.executable -m lifeline``.
+
+    Raises:
+        ConfigError: the container has neither ``command`` nor ``args`` (``field`` names it).
+    """
+    i = _trainer_index(job)
+    container = job.spec.template["spec"]["containers"][i]
+    argv = [str(a) for a in (container.get("command") or [])] + [str(a) for a in (container.get("args") or [])]
+    if not argv:
+        raise ConfigError(
+            f"spec.template.spec.containers[{i}] ('{TRAINER_CONTAINER}') has no command: a local run executes "
+            "it as a process; set e.g. command: [python, -m, lifeline, trainer]",
+            field=f"spec.template.spec.containers[{i}].command", job=job.name)
+    head = os.path.basename(argv[0])
+    if head in ("python", "python3") or head.startswith("python3."):
+        argv[0] = sys.executable
+    elif head == "lifeline":
+        argv = [sys.executable, "-m", "lifeline", *argv[1:]]
+    return argv
+
+
+def _runs_reference(job: TrainingJob, argv: list[str]) -> bool:
+    name = job.spec.model.name if job.spec.model else None
+    if name is not None and name not in REFERENCE_MODELS:
+        return False
+    tail = tuple(argv[1:])
+    return any(tail[: len(cmd)] == cmd for cmd in _REFERENCE_COMMANDS)
+
+
+def model_config(job: TrainingJob) -> Mapping[str, Any]:
+    """The model settings handed to the trainer (``LIFELINE_MODEL``): ``{"seed": spec.seed, **model.args}``."""
+    return {"seed": job.spec.seed, **(job.spec.model.args if job.spec.model else {})}
+
+
+def check_model(job: TrainingJob, layout: LayoutSpec) -> None:
+    """Check the reference model takes ``spec.model.args`` and ``layout`` (imports torch).
+
+    Raises:
+        ConfigError: an unknown or out-of-range model argument (``spec.model.args.<name>``) or a
+            layout the model cannot take (``spec.layout.<degree>``).
+    """
+    from lifeline.checkpoint import Layout
+    from lifeline.models.gpt_moe import GPTMoEConfig
+
+    try:
+        config = GPTMoEConfig.from_mapping(dict(model_config(job)))
+        config.validate()
+    except (ConfigError, TypeError, ValueError) as err:
+        name = getattr(err, "field", None)
+        field = f"spec.model.args.{name}" if name and name != "seed" else ("spec.seed" if name else "spec.model.args")
+        raise ConfigError(f"{field}: {getattr(err, 'message', err)}", field=field, job=job.name) from None
+    try:
+        config.validate(Layout(**layout.to_wire()))
+    except LifelineError as err:
+        if err.key == "layout.pipeline":
+            degree = "pipeline"
+        else:
+            degree = next((d for d in ("tensor", "expert", "data", "pipeline") if getattr(layout, d) != 1), "pipeline")
+        field = f"spec.layout.{degree}"
+        raise ConfigError(f"{field}: the reference model cannot take layout {layout.to_wire()}: {err.message}",
+                          field=field, job=job.name) from None
+
+
+def load_for_launch(source: Any, *, steps: int | None = None, layout: LayoutSpec | None = None) -> TrainingJob:
+    """Load and validate a TrainingJob for ``lifeline run``; nothing is started.
+
+    Args:
+        source: a YAML path or a mapping (see :func:`lifeline.api.load_trainingjob`).
+        steps: override ``spec.steps`` (``--steps``), >= 1.
+        layout: check this layout instead of ``spec.layout`` (an elastic restart).
+
+    Returns:
+        The validated job (with ``steps`` applied).
+
+    Raises:
+        ConfigError: naming the field (see the module docstring).
+    """
+    job = load_trainingjob(source)
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {steps}", field="--steps", job=job.name)
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"steps": steps})})
+    if not job.name:
+        raise ConfigError("metadata.name is required: it names the job's catalog keys and checkpoints",
+                          field="metadata.name")
+    argv = trainer_argv(job)
+    if _runs_reference(job, argv):
+        check_model(job, layout or job.spec.layout)
+    return job

@@ -1,0 +1,106 @@
+"""The end of a local run: the summary (steps, wall time, time lost to failures, ETTR) and the
+digest of the final parameters, so two runs can be compared bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from typing import Any
+
+__all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
+
+
+def state_digest(tensors: dict[str, Any]) -> str:
+    """SHA-256 over a consolidated state in fully-qualified-name order: for every tensor its name,
+    dtype, shape and raw bytes (C order). Bit-identical states, and only those, give equal digests."""
+    import torch
+
+    h = hashlib.sha256()
+    for fqn in sorted(tensors):
+        t = tensors[fqn].detach().contiguous().cpu()
+        h.update(f"{fqn}|{t.dtype}|{list(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def checksum_digest(metas: list[str | None]) -> str:
+    """SHA-256 over the crc32c checksums of every chunk and byte entry of one checkpoint's shards
+    (the catalog's shard metadata, job name left out). Used when the final step is not in L2: equal
+    for bit-identical checkpoints of the same layout; a difference shows with probability 1 - 2^-32
+    per differing chunk."""
+    h = hashlib.sha256()
+    for raw in metas:
+        if raw is None:
+            h.update(b"missing\n")
+            continue
+        meta = json.loads(raw)
+        tensors = {fqn: [[c[0], c[1], c[4]] for c in t["chunks"]] for fqn, t in meta["tensors"].items()}
+        entries = {k: v[2] for k, v in meta.get("bytes", {}).items()}
+        h.update(json.dumps({"rank": meta["rank"], "tensors": tensors, "bytes": entries},
+                            sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def await_l2_step(storage: Any, prefix: str, job: str, step: int, timeout: float) -> bool:
+    """Poll until checkpoint ``step`` of ``job`` is committed in L2 (its manifest exists), at most
+    ``timeout`` seconds. Returns whether it is."""
+    from lifeline.checkpoint import list_steps
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if step in list_steps(storage, prefix, job):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's summary as a JSON-ready dict.
+
+    Fields: ``job``, ``phase``, ``steps`` (target), ``step`` (reached), ``layout``,
+    ``generation``, ``restarts``, ``wall_seconds``, ``step_seconds`` (median step time of the
+    trainers), ``recovery_seconds`` (sum over recoveries: acted on → every rank trained again),
+    ``lost_seconds`` (wall time not spent on kept steps: recovery, redone steps, start-up),
+    ``ettr`` (:func:`lifeline.control.ettr`: kept step time over wall time),
+    ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``resumed_from`` (the L2 step a
+    restarted run began at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``),
+    ``state_dir``.
+    """
+    from lifeline.control import ettr
+
+    snap = sup.snapshot
+    steps_run = [v for v in sup.step_seconds.values() if v > 0]
+    step_seconds = statistics.median(steps_run) if steps_run else None
+    stall = sum(sup.stall_seconds.values()) / max(1, sup.layout.world_size)
+    recovery = sum(r.seconds or 0.0 for r in snap.recoveries)
+    kept = snap.step - (sup.resumed_from or 0)
+    ratio = breakdown = None
+    if step_seconds and wall_seconds > 0 and kept > 0:
+        step_s = min(step_seconds, max(1e-9, (wall_seconds - recovery - stall) / kept))
+        breakdown = ettr(wall_seconds=wall_seconds, steps=kept, step_seconds=step_s,
+                         checkpoint_stall_seconds=min(stall, wall_seconds - recovery - kept * step_s),
+                         recovery_seconds=recovery)
+        ratio = breakdown.ratio
+    return {
+        "job": sup.name,
+        "phase": phase,
+        "steps": sup.job.spec.steps,
+        "step": snap.step,
+        "layout": sup.layout.to_wire(),
+        "generation": snap.generation,
+        "restarts": sup.restarts,
+        "wall_seconds": round(wall_seconds, 3),
+        "step_seconds": None if step_seconds is None else round(step_seconds, 6),
+        "recovery_seconds": round(recovery, 3),
+        "lost_seconds": None if breakdown is None else round(breakdown.wall - breakdown.productive, 3),
+        "checkpoint_stall_seconds": round(stall, 4),
+        "ettr": None if ratio is None else round(ratio, 4),
+        "recoveries": [r.to_dict() for r in snap.recoveries],
+        "resumed_from": sup.resumed_from,
+        "final_loss": snap.loss,
+        "digest": digest,
+        "state_dir": str(sup.state_dir),
+    }

@@ -1,0 +1,107 @@
+"""Test helpers: a small GPT-MoE TrainingJob (4 ranks, PP=2 x DP=2) and ways to run it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TRAINER_COMMAND = ["python", "-m", "lifeline", "trainer"]
+
+# Small enough for 2 shared cores; the layout still exercises pipeline and data parallelism.
+MODEL_ARGS = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_expert": 32, "seq_len": 32, "micro_batch": 2,
+              "micro_batches": 2, "corpus_bytes": 65536}
+STEPS = 12
+PERSIST_EVERY = 4
+
+# Timeouts short enough that a hung collective fails within the test's time (settings of the runtime).
+TEST_ENV = {"LIFELINE_COLLECTIVE_TIMEOUT_SECONDS": "20", "LIFELINE_RENDEZVOUS_TIMEOUT_SECONDS": "180",
+            "LIFELINE_RECOVERY_TIMEOUT_SECONDS": "180"}
+
+
+def job_doc(name: str, *, pipeline: int = 2, data: int = 2, steps: int = STEPS, **spec: Any) -> dict:
+    """A TrainingJob document (a dict, as ``yaml.safe_load`` gives it)."""
+    doc = {
+        "apiVersion": "lifeline.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": pipeline * data,
+            "layout": {"tensor": 1, "pipeline": pipeline, "data": data, "expert": 1},
+            "steps": steps,
+            "seed": 7,
+            "model": {"name": "gpt-moe", "args": dict(MODEL_ARGS)},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "lifeline:dev",
+                                                  "command": list(TRAINER_COMMAND),
+                                                  "env": [{"name": k, "value": v} for k, v in TEST_ENV.items()]}]}},
+            "checkpoint": {"every": 1, "peerReplicas": 1, "keep": 2,
+                           "persist": {"every": PERSIST_EVERY, "uri": "file:///unused"}},
+            "recovery": {"maxRestarts": 10, "hangTimeoutSeconds": 240, "elastic": {"minReplicas": 2}},
+        },
+    }
+    for key, value in spec.items():
+        doc["spec"][key] = value
+    return doc
+
+
+def write_job(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(copy.deepcopy(doc)))
+    return path
+
+
+def lifeline_run(job: Path, state_dir: Path, *args: str, timeout: float = 400) -> dict:
+    """Run ``lifeline run JOB --json`` to completion; return the summary (asserting exit 0)."""
+    proc = subprocess.run([sys.executable, "-m", "lifeline", "run", str(job), "--state-dir", str(state_dir),
+                           "--json", *args], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"lifeline run exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def start_run(job: Path, state_dir: Path, *args: str, log: Path) -> subprocess.Popen:
+    """Start ``lifeline run`` in the background (its own process group), output to ``log``."""
+    handle = open(log, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "lifeline", "run", str(job), "--state-dir", str(state_dir),
+                             "--json", *args], stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    handle.close()
+    return proc
+
+
+def await_condition(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
+    """Poll ``cond`` until truthy (returning its value) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
+def trainer_events(state_dir: Path) -> list[dict]:
+    """Every JSON event line the trainers printed (all ranks, all incarnations)."""
+    out = []
+    for log in sorted((state_dir / "logs").glob("*-trainer.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
