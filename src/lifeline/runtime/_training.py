@@ -23,7 +23,10 @@ class Trainable(Protocol):
     """One rank's trainer as :func:`run_training` drives it (e.g. ``GPTMoETrainer``).
 
     ``step`` is the number of completed optimizer steps; ``connect(timeout)`` builds the
-    process-group dependent parts (sub-groups, each bounded by ``timeout``) after every (re)join; ``train_step()`` runs one step and returns an
+    process-group dependent parts (sub-groups, each bounded by ``timeout``) after every (re)join;
+    ``disconnect()`` drops every reference to them before the generation is torn down (a group
+    still referenced keeps its gloo sockets open, so peers wait out their collective timeout
+    instead of failing at once); ``train_step()`` runs one step and returns an
     object with ``step``, ``loss`` (float or None), ``tokens`` and ``seconds``; ``state()`` /
     ``load_state()`` are the checkpoint state and its inverse.
     """
@@ -31,6 +34,8 @@ class Trainable(Protocol):
     step: int
 
     def connect(self, timeout: timedelta | None = None) -> None: ...
+
+    def disconnect(self) -> None: ...
 
     def train_step(self) -> Any: ...
 
@@ -94,6 +99,7 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
     peers keep failing. Returns the trainer and the restored step (0: initial state)."""
     while True:
+        trainer.disconnect()
         ctx.teardown()
         plan = ctx.wait_for_plan()
         try:
