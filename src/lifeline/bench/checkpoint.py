@@ -6,7 +6,9 @@ Rows (each peer measured in the same run, median of ``repeats``; peers take turn
   write from the tensors; ``ours_staged``: the sidecar path, ``write_shard`` into an arena buffer
   then ``persist_shard``), DCP (``save``, ``async_save`` blocking time and total, ``load``) and
   ``torch.save``/``torch.load``; and the storage's raw throughput (one object of the same
-  bytes, no framing).
+  bytes, no framing). On the filesystem every headline peer fsyncs what it wrote (DCP's
+  default ``sync_files=True``; see ``FS_DURABILITY``), and each save is measured again
+  without any fsync (``*_nofsync`` rows: the CPU cost alone, page cache only).
 - reshard N -> M: N gloo ranks save (ours and DCP, DTensor ``Shard(0)``), then each of the M
   target ranks loads its new shard (see :func:`bench_reshard`), ours vs DCP.
 
@@ -47,13 +49,18 @@ def _nbytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def _interleaved(fns: dict[str, Callable[[int], float]], repeats: int) -> dict[str, float]:
+def _interleaved(fns: dict[str, Callable[[int], float]], repeats: int,
+                 settle: Callable[[], None] | None = None) -> dict[str, float]:
     """Median time of each peer; peers take turns (order rotated every repeat) so that the
-    machine's background load hits all of them alike."""
+    machine's background load hits all of them alike. ``settle`` runs (untimed) before every
+    measurement: ``os.sync`` on the filesystem, so no peer pays for the dirty pages another
+    (a ``*_nofsync`` row) left behind."""
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     for i in range(repeats):
         for name in names[i % len(names):] + names[: i % len(names)]:
+            if settle is not None:
+                settle()
             times[name].append(fns[name](i))
     return {n: statistics.median(t) for n, t in times.items()}
 
@@ -118,10 +125,13 @@ def bench_filesystem(state: dict, root: Path, repeats: int) -> dict[str, Any]:
     n = _nbytes(state)
     ours = _Ours(state)
     storage = FilesystemStorage(root / "ours", fsync=True)
+    volatile = FilesystemStorage(root / "nofsync", fsync=False)
     into = {k: torch.zeros_like(v) for k, v in state.items()}
     blob = ours.buf.numpy()
     raw_buf = bytearray(n)
-    res: dict[str, dict[str, float]] = {"ours": {}, "ours_staged": {}, "dcp": {}, "torch": {}, "raw": {}}
+    res: dict[str, dict[str, float]] = {k: {} for k in ("ours", "ours_staged", "dcp", "torch", "raw", "ours_nofsync",
+                                                         "ours_staged_nofsync", "dcp_nofsync", "torch_nofsync",
+                                                         "raw_nofsync")}
 
     def dcp_path(i: int) -> str:
         return str(root / f"dcp-{i}")
@@ -135,6 +145,13 @@ def bench_filesystem(state: dict, root: Path, repeats: int) -> dict[str, Any]:
         "dcp": lambda i: _timed(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(dcp_path(i)), no_dist=True)),
         "torch": lambda i: _timed(lambda: (torch.save(state, torch_path(i)), _fsync_path(torch_path(i)))),
         "raw": lambda i: _timed(lambda: storage.put(f"raw/{i}.bin", memoryview(blob)[:n])),
+        # the same peers leaving durability to the page cache (no fsync anywhere): CPU cost alone
+        "ours_nofsync": lambda i: _timed(lambda: ours.save(volatile, "", i, state)),
+        "ours_staged_nofsync": lambda i: _timed(lambda: ours.save_staged(volatile, "staged", i, state)),
+        "dcp_nofsync": lambda i: _timed(lambda: dcp.save(
+            state, storage_writer=dcp.FileSystemWriter(dcp_path(i) + "-nofsync", sync_files=False), no_dist=True)),
+        "torch_nofsync": lambda i: _timed(lambda: torch.save(state, torch_path(i) + ".nofsync")),
+        "raw_nofsync": lambda i: _timed(lambda: volatile.put(f"raw/{i}.bin", memoryview(blob)[:n])),
     }
     async_total: list[float] = []
 
@@ -146,7 +163,7 @@ def bench_filesystem(state: dict, root: Path, repeats: int) -> dict[str, Any]:
         async_total.append(time.perf_counter() - t0)
         return blocked
 
-    medians = _interleaved({**saves, "dcp_async": async_save}, repeats)
+    medians = _interleaved({**saves, "dcp_async": async_save}, repeats, settle=os.sync)
     for name in saves:
         res[name]["save_s"] = medians[name]
     res["dcp"]["async_save_block_s"] = medians["dcp_async"]
@@ -162,7 +179,9 @@ def bench_filesystem(state: dict, root: Path, repeats: int) -> dict[str, Any]:
         res[name]["load_s"] = t
     ours.load(storage, "", 0, into)
     _check_equal(state, into, "ours/filesystem")
-    return _rates(res, n)
+    out = _rates(res, n)
+    out["durability"] = FS_DURABILITY
+    return out
 
 
 def bench_minio(state: dict, root: Path, repeats: int) -> dict[str, Any]:
@@ -230,6 +249,17 @@ def bench_minio(state: dict, root: Path, repeats: int) -> dict[str, Any]:
     return _rates(res, n)
 
 
+FS_DURABILITY = {
+    "ours": "fsync of the blob and of the manifest (temp file, fsync, rename, fsync of the directory)",
+    "ours_staged": "as ours",
+    "dcp": "FileSystemWriter(sync_files=True), DCP's default: fsync of the data file and of .metadata",
+    "torch": "torch.save, then fsync of the file",
+    "raw": "FilesystemStorage.put of one object: temp file, fsync, rename, fsync of the directory",
+    "*_nofsync": "the same writes without any fsync (page cache only): each peer's CPU cost",
+}
+"""What each filesystem row makes durable before its save returns (peers compared like with like)."""
+
+
 def _rates(res: dict[str, dict[str, float]], n: int) -> dict[str, Any]:
     for row in res.values():
         for key in ("save", "load"):
@@ -245,7 +275,13 @@ def _rates(res: dict[str, dict[str, float]], n: int) -> dict[str, Any]:
         "load_vs_dcp": o["load_gibps"] / d["load_gibps"],
         "load_vs_torch": o["load_gibps"] / t["load_gibps"],
         "load_vs_raw": o["load_gibps"] / r["load_gibps"],
+        "staged_save_vs_raw": res["ours_staged"]["save_gibps"] / r["save_gibps"],
     }
+    if "ours_nofsync" in res:
+        on, sn, dn, rn = (res[k]["save_gibps"] for k in ("ours_nofsync", "ours_staged_nofsync", "dcp_nofsync",
+                                                            "raw_nofsync"))
+        res["ratios"].update({"nofsync_save_vs_dcp": on / dn, "nofsync_staged_save_vs_dcp": sn / dn,
+                              "nofsync_save_vs_raw": on / rn, "nofsync_staged_save_vs_raw": sn / rn})
     return res
 
 
@@ -380,6 +416,10 @@ def run(size_mib: int = 256, tensors: int = 128, repeats: int = 5, minio: bool =
             "reshard_1_5x_dcp": result["reshard"]["speedup_vs_dcp"] >= 1.5,
             "within_80pct_of_raw": all(r["ratios"]["save_vs_raw"] >= 0.8 and r["ratios"]["load_vs_raw"] >= 0.8
                                        for r in rows),
+            "every_save_row_at_least_dcp": all(v >= 1 for r in rows for k, v in r["ratios"].items()
+                                               if k.endswith("save_vs_dcp")),
+            "every_save_row_within_80pct_of_raw": all(v >= 0.8 for r in rows for k, v in r["ratios"].items()
+                                                      if k.endswith("save_vs_raw")),
         }
         return result
     finally:

@@ -1,5 +1,11 @@
 """crc32c over buffers without copying.
 
+First choice: the ``crc32c`` package (ICRAR; SSE4.2 / ARMv8 instructions, 3-way interleaved),
+a C extension that takes any buffer (memoryview, mmap, numpy array) through the buffer
+protocol, so a call costs ~0.1 µs of overhead instead of ctypes' ~1.3 µs: that matters
+with the small checksum blocks of small chunks (a 2 MiB chunk has 16 KiB blocks, so
+16384 calls per 256 MiB). It releases the GIL for buffers of 32 KiB and more. Else:
+
 google-crc32c's Python entry points accept only ``bytes`` (their C parser rejects
 memoryviews), which would force a copy of every chunk. We call the same library's
 ``crc32c_extend`` (the libcrc32c shared object shipped inside the google-crc32c wheel)
@@ -36,7 +42,13 @@ def _load() -> Any:
 
 
 _EXTEND = _load()
-ZERO_COPY = _EXTEND is not None
+try:
+    import crc32c as _crc32c_pkg
+
+    _FAST = _crc32c_pkg.crc32c if _crc32c_pkg.hardware_based else None
+except ImportError:  # pragma: no cover - the dependency is declared; the ctypes path stays correct
+    _FAST = None
+ZERO_COPY = _FAST is not None or _EXTEND is not None
 
 
 def _address(buf: Any) -> tuple[int, int]:
@@ -46,6 +58,8 @@ def _address(buf: Any) -> tuple[int, int]:
 
 def crc32c(buf: Any, crc: int = 0) -> int:
     """crc32c (Castagnoli) of a bytes-like object (bytes, memoryview, bytearray, mmap), extending ``crc``."""
+    if _FAST is not None:
+        return _FAST(buf if isinstance(buf, (bytes, bytearray)) else memoryview(buf).cast("B"), crc)
     if _EXTEND is None:
         return google_crc32c.extend(crc, bytes(buf))
     if isinstance(buf, bytes):
@@ -56,6 +70,9 @@ def crc32c(buf: Any, crc: int = 0) -> int:
 
 def crc32c_blocks(buf: Any, block_size: int) -> list[int]:
     """crc32c of each ``block_size`` block of ``buf`` (the last may be short); one address lookup."""
+    if _FAST is not None:
+        mv = memoryview(buf).cast("B")
+        return [_FAST(mv[i : i + block_size]) for i in range(0, len(mv), block_size)]
     if _EXTEND is None:
         data = bytes(buf)
         return [google_crc32c.value(data[i : i + block_size]) for i in range(0, len(data), block_size)]

@@ -234,22 +234,40 @@ def seal_entries(plan: ShardPlan, entry_bytes: Any, *, job: str, step: int,
                  block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
     """:func:`seal_shard` over any source: ``entry_bytes(byte_offset, byte_length)`` returns the bytes
     of the chunk or byte entry planned at ``byte_offset`` (e.g. straight from the state's tensors)."""
+    return seal_with(plan, lambda c, bs: block_crcs(entry_bytes(c.byte_offset, c.byte_length), bs),
+                     lambda b: crc32c(entry_bytes(b.byte_offset, b.byte_length)), job=job, step=step,
+                     block_size=block_size)
+
+
+def check_block_size(block_size: int | None) -> None:
+    """Raise :class:`ManifestError` unless ``block_size`` is None or a positive multiple of 64 (bytes)."""
     if block_size is not None and (block_size <= 0 or block_size % 64):
         raise ManifestError(f"block_size={block_size} must be a positive multiple of 64")
+
+
+def chunk_block_size(t: Any, c: Any, block_size: int | None) -> int:
+    """The checksum block size (bytes) of chunk ``c`` of tensor plan ``t``: ``block_size`` or the adaptive choice."""
+    return block_size or choose_block_size(c.byte_length, c.lengths, dtype_from_name(t.dtype).itemsize,
+                                           getattr(t.pattern, "dim", None))
+
+
+def seal_with(plan: ShardPlan, chunk_blocks: Any, bytes_crc: Any, *, job: str, step: int,
+              block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
+    """The :class:`ShardMetadata` of ``plan`` from checksums computed elsewhere (e.g. fused with the write).
+
+    ``chunk_blocks(chunk_plan, block_size) -> tuple[int, ...]`` gives the crc32c of every block of a
+    chunk, ``bytes_crc(bytes_plan) -> int`` the crc32c of a byte entry.
+    """
+    check_block_size(block_size)
     tensors = []
     for t in plan.tensors:
         chunks = []
-        split = getattr(t.pattern, "dim", None)
-        itemsize = dtype_from_name(t.dtype).itemsize
         for c in t.chunks:
-            bs = block_size or choose_block_size(c.byte_length, c.lengths, itemsize, split)
-            blocks = block_crcs(entry_bytes(c.byte_offset, c.byte_length), bs)
+            bs = chunk_block_size(t, c, block_size)
+            blocks = tuple(chunk_blocks(c, bs))
             chunks.append(ChunkMeta(c.offsets, c.lengths, c.byte_offset, c.byte_length, _combine(blocks), bs, blocks))
         tensors.append(TensorMeta(t.fqn, t.dtype, t.global_shape, pattern_to_dict(t.pattern), tuple(chunks)))
-    entries = tuple(
-        BytesMeta(b.key, b.byte_offset, b.byte_length, crc32c(entry_bytes(b.byte_offset, b.byte_length)))
-        for b in plan.bytes_entries
-    )
+    entries = tuple(BytesMeta(b.key, b.byte_offset, b.byte_length, bytes_crc(b)) for b in plan.bytes_entries)
     return ShardMetadata(job, int(step), plan.rank, plan.layout, plan.nbytes, tuple(tensors), entries)
 
 

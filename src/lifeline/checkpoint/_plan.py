@@ -249,7 +249,7 @@ def shard_buffers(plan: ShardPlan, state: Mapping[str, Any]) -> tuple[list[memor
 
     Returns ``(buffers, by_offset)``: the buffers concatenate to the blob's ``plan.nbytes``
     bytes (zero padding between entries); ``by_offset`` maps each chunk's and byte entry's
-    ``byte_offset`` to its bytes. Contiguous chunks are views (no copy); a strided chunk (e.g.
+    ``byte_offset`` to its bytes (empty entries left out: one may share the offset of the next). Contiguous chunks are views (no copy); a strided chunk (e.g.
     a sub-param of a fused tensor split along a later dim) is copied once. Raises
     :class:`LayoutError` when ``state`` does not match the plan.
     """
@@ -277,4 +277,4 @@ def shard_buffers(plan: ShardPlan, state: Mapping[str, Any]) -> tuple[list[memor
         pos = off + len(mv)
     if plan.nbytes > pos:
         out.append(memoryview(_ZEROS)[: plan.nbytes - pos])
-    return out, dict(items)
+    return out, {off: mv for off, mv in items if len(mv)}  # an empty entry may share its offset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
 from lifeline.errors import StorageError
 
@@ -29,6 +29,8 @@ class Storage(Protocol):
 
     # optional: get_into(key, offset, out) fills a writable buffer, or a list of them one after
     # the other, without an intermediate copy.
+    # optional: put_stream(key, pieces) stores the concatenation of an iterable of buffers,
+    # writing each as it is produced (the fused checksum-and-write save path uses it).
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
@@ -49,6 +51,34 @@ def _check_key(key: str) -> str:
 
 def _views(out: Any) -> list[memoryview]:
     return [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
+
+
+WRITE_BATCH = 1 << 20
+"""Bytes gathered into one ``writev`` by ``FilesystemStorage.put_stream``."""
+def _writev_all(fd: int, views: list[memoryview]) -> None:
+    while views:
+        n = os.writev(fd, views[:1024])
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _write_all(fd: int, pieces: Iterable[Any]) -> None:
+    """Write ``pieces`` in order, one ``writev`` per ~:data:`WRITE_BATCH` bytes (or 1024 pieces)."""
+    batch: list[memoryview] = []
+    batched = 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        if not len(view):
+            continue
+        batch.append(view)
+        batched += len(view)
+        if batched >= WRITE_BATCH or len(batch) >= 1024:
+            _writev_all(fd, batch)
+            batch, batched = [], 0
+    _writev_all(fd, batch)
 
 
 def _range(size: int, offset: int, length: int | None, key: str) -> tuple[int, int]:
@@ -78,21 +108,25 @@ class FilesystemStorage:
         return os.path.join(self.root, *_check_key(key).split("/"))
 
     def put(self, key: str, data: Any) -> None:
+        self.put_stream(key, _views(data))
+
+    def put_stream(self, key: str, pieces: Iterable[Any]) -> None:
+        """Store the concatenation of ``pieces`` (bytes-like objects, consumed once, in order) under ``key``.
+
+        Each piece is written as soon as it is produced (batched into ``writev`` calls of about
+        :data:`WRITE_BATCH` bytes), so a producer can checksum a piece while it is cache-hot
+        (see ``_persist``). Same atomicity and durability as :meth:`put`. An
+        exception from ``pieces`` aborts the write: the temporary file is removed, ``key`` is
+        untouched.
+        """
         path = self._path(key)
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
         try:
             os.makedirs(directory, exist_ok=True)
-            views = [v for v in _views(data) if len(v)]
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                while views:  # gather write straight from the callers' buffers
-                    n = os.writev(fd, views[:1024])
-                    while views and n >= len(views[0]):
-                        n -= len(views[0])
-                        views.pop(0)
-                    if n:
-                        views[0] = views[0][n:]
+                _write_all(fd, pieces)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -104,12 +138,14 @@ class FilesystemStorage:
                     os.fsync(dfd)
                 finally:
                     os.close(dfd)
-        except OSError as err:
+        except BaseException as err:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise StorageError(f"write failed: {err}", key=key) from err
+            if isinstance(err, OSError):
+                raise StorageError(f"write failed: {err}", key=key) from err
+            raise
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         buf = bytearray(self._size(key) - offset if length is None else length)
