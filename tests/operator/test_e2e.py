@@ -106,7 +106,8 @@ def test_trainingjob_gets_pods_with_sidecar_and_status(devcluster, operator_rele
     assert {"SecretCreated", "PodCreated"} <= {e["reason"] for e in events}
 
     # deleting the job garbage-collects its pods and Secret (ownerReferences)
-    devcluster.kubectl("delete", "trainingjob", "gpt-moe", "-n", ns, "--wait=true", "--timeout=60s")
+    # (well under kopf's default 60 s re-check of a resync timer caught mid-run by the deletion)
+    devcluster.kubectl("delete", "trainingjob", "gpt-moe", "-n", ns, "--wait=true", "--timeout=30s", timeout=90)
     _wait("the job's pods to be garbage-collected",
           lambda: not _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=gpt-moe")["items"], timeout=120)
 
