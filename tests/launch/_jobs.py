@@ -10,6 +10,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from lifeline._poll import wait_for
 from typing import Any
 
 import yaml
@@ -75,15 +77,8 @@ def start_run(job: Path, state_dir: Path, *args: str, log: Path) -> subprocess.P
 
 
 def await_condition(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
-    """Poll ``cond`` until truthy (returning its value) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll)
+    """Poll ``cond`` until truthy (returning its value); ``TimeoutError`` after ``timeout`` seconds."""
+    return wait_for(cond, timeout, what, poll)
 
 
 def trainer_events(state_dir: Path) -> list[dict]:

@@ -74,18 +74,8 @@ def persist_shard(storage: Any, prefix: str, plan: ShardPlan, blob: Any, *, job:
         ro = data.toreadonly()
         return fused_put(storage, key, plan, lambda e: ro[e.byte_offset : e.byte_offset + e.byte_length],
                          lambda start, stop: ro[start:stop], job=job, step=step, block_size=block_size)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        sealing = pool.submit(seal_shard, plan, blob, job=job, step=step, block_size=block_size)
-        try:
-            storage.put(key, data)
-        except BaseException:
-            sealing.cancel()
-            raise
-        try:
-            return sealing.result()
-        except BaseException:
-            storage.delete(key)
-            raise
+    return _put_while_sealing(storage, key, data,
+                              lambda: seal_shard(plan, blob, job=job, step=step, block_size=block_size))
 
 
 def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str, Any], *, job: str, step: int,
@@ -107,11 +97,21 @@ def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str
         zeros = memoryview(bytes(ALIGN))
         return fused_put(storage, key, plan, lambda e: by_offset[e.byte_offset] if e.byte_length else zeros[:0],
                          lambda start, stop: zeros[: stop - start], job=job, step=step, block_size=block_size)
+    return _put_while_sealing(storage, key, buffers,
+                              lambda: seal_entries(plan, lambda off, n: by_offset[off] if n else b"", job=job,
+                                                   step=step, block_size=block_size))
+
+
+def _put_while_sealing(storage: Any, key: str, data: Any, seal: Any) -> ShardMetadata:
+    """Write ``data`` at ``key`` while ``seal()`` checksums the same memory in a second thread.
+
+    A failed write cancels the sealing; a failed sealing deletes the written blob, so nothing
+    half-verified stays at ``key``. Returns what ``seal()`` returns.
+    """
     with ThreadPoolExecutor(max_workers=1) as pool:
-        sealing = pool.submit(seal_entries, plan, lambda off, n: by_offset[off] if n else b"", job=job, step=step,
-                              block_size=block_size)
+        sealing = pool.submit(seal)
         try:
-            storage.put(key, buffers)
+            storage.put(key, data)
         except BaseException:
             sealing.cancel()
             raise
