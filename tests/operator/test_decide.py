@@ -159,7 +159,15 @@ def test_every_rank_done_is_success(job):
     pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
     d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("done", 60)), {"phase": "Running"},
                now=NOW)
-    assert d.phase == "Succeeded"
+    assert d.phase == "Succeeded" and not d.resumed
+
+
+def test_finishing_while_recovering_closes_the_recovery(job):
+    # a short job can finish between two resync ticks of a recovery: it resumed, so the record closes
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("done", 60)),
+               {"phase": "Recovering"}, now=NOW)
+    assert (d.phase, d.resumed) == ("Succeeded", True)
 
 
 def test_hang_detected_after_timeout_only(job):

@@ -126,7 +126,9 @@ def decide(
     base = {"generation": g, "layout": layout, "avoid_nodes": avoid}
 
     if obs.progress.done_ranks >= set(range(world)) or _trainers_succeeded(obs.pods, world):
-        return Decision("Succeeded", "TrainingComplete", f"all {world} ranks finished {spec.steps} steps", **base)
+        # finishing while Recovering means training resumed (the timer missed the Running tick in between)
+        return Decision("Succeeded", "TrainingComplete", f"all {world} ranks finished {spec.steps} steps",
+                        resumed=old_phase == "Recovering", **base)
 
     # Pods the current plan replaces but whose old incarnation still exists: delete, then recreate.
     replaced = {p.rank for p in plan.create_pods} if plan is not None else set()

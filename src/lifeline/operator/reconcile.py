@@ -268,6 +268,8 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
         if d.resumed:
             recovery = _close_recovery(status, d.generation, now)
         if d.phase != status.get("phase"):
+            if d.resumed and d.phase == "Succeeded":  # resumed and finished between two resync ticks
+                events.record(body, "Recovered", f"training resumed in generation {d.generation} and finished")
             if d.phase in ("Running", "Succeeded", "Failed"):
                 events.record(body, {"Running": "Recovered" if d.resumed else "Running", "Succeeded": "Succeeded",
                                      "Failed": "Failed"}[d.phase], d.message)
