@@ -161,9 +161,10 @@ def test_reshards_to_fewer_replica_groups_when_nodes_run_out():
     assert plan.action is RecoveryAction.RESHARD
     assert plan.layout == LayoutSpec(pipeline=2, data=1)
     assert plan.node_of_rank == ("n0", "n1") and plan.restore_ranks == (0, 1)
-    assert plan.restore_step == 41 and [s.rank for s in plan.sources] == [0, 1, 2, 3]
-    assert plan.source_of(3).tier == "L1" and plan.source_of(2).tier == "L0"
-    assert plan.delete_ranks == (2,) and plan.create_pods == () and plan.restart_ranks == (0, 1)
+    # every rank restarts in the new layout, resharding the latest step complete in L2
+    assert plan.restore_step == 40 and [s.rank for s in plan.sources] == [0, 1, 2, 3]
+    assert {s.tier for s in plan.sources} == {"L2"}
+    assert plan.delete_ranks == (2, 3) and plan.create_pods == () and plan.restart_ranks == (0, 1)
 
 
 def test_without_elastic_unplaceable_pods_wait_for_room():

@@ -84,8 +84,9 @@ def test_operator_env_is_what_the_operator_reads(helm):
     assert settings.sidecar_resources == {"requests": {"cpu": "250m", "memory": "256Mi"}}
 
 
-def test_rbac_rules_commented_and_without_wildcards(helm):
-    text, docs = _render(helm, "operator.clusterWide=true")
+@pytest.mark.parametrize("mode", ["operator.clusterWide=true", "operator.clusterWide=false"])
+def test_rbac_rules_commented_and_without_wildcards(helm, mode):
+    text, docs = _render(helm, mode)
     lines = [ln.strip() for ln in text.splitlines()]
     rule_lines = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
     assert rule_lines
@@ -100,9 +101,14 @@ def test_rbac_rules_commented_and_without_wildcards(helm):
 def test_namespaced_rights_by_default(helm):
     _, docs = _render(helm, "operator.namespaces={team-a,team-b}")
     (cr,) = _find(docs, "ClusterRole", "ll-lifeline-operator")
-    # cluster-wide: read-only nodes (failure signals) and what kopf observes (namespaces, CRDs)
-    assert [r["resources"] for r in cr["rules"]] == [["nodes"], ["namespaces"], ["customresourcedefinitions"]]
-    assert all(r["verbs"] == ["get", "list", "watch"] for r in cr["rules"])
+    # cluster-wide: read-only nodes (failure signals), what kopf observes (namespaces, CRDs), and a
+    # list of pods (node capacity for elastic reshards) without get/watch/create/delete
+    watch = ["get", "list", "watch"]
+    assert [(r["resources"], r["verbs"]) for r in cr["rules"]] == [
+        (["nodes"], watch), (["namespaces"], watch), (["customresourcedefinitions"], watch), (["pods"], ["list"])]
+    _, without = _render(helm, "operator.nodeCapacity=false")
+    (cr_without,) = _find(without, "ClusterRole", "ll-lifeline-operator")
+    assert all(r["resources"] != ["pods"] for r in cr_without["rules"])
     for ns in ("team-a", "team-b"):
         (role,) = _find(docs, "Role", "ll-lifeline-operator", ns)
         secrets = next(r for r in role["rules"] if r["resources"] == ["secrets"])

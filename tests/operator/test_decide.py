@@ -7,6 +7,7 @@ what is created and deleted), not the recovery ladder itself (tests/control cove
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from lifeline.control.failures import ContainerTerminated, FailureKind, NodeCondition, PodGone
@@ -136,6 +137,29 @@ def test_lost_node_replaces_its_pods_elsewhere(job):
                                       registered=[1, 2]), {"phase": "Recovering", "restarts": 1}, now=NOW + 2)
     assert (step.plan, step.create, step.delete) == (None, (0, 3), ())
     assert step.avoid_nodes == {"node-a"}
+
+
+def test_reshard_recreates_every_pod_in_the_smaller_layout_from_l2(job):
+    """Healthy nodes with room for 2 pods (capacities from requests): the elastic job drops to one
+    replica group; every pod is recreated (the layout is in its env) and ranks >= 2 are deleted."""
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}  # node-a: ranks 0 and 3
+    nodes = [_node("node-a", "Unknown", taints=["node.kubernetes.io/unreachable"]), _node("node-b"), _node("node-c")]
+    l2 = holdings_of({(10, r): {"L2"} for r in range(4)}, 4)
+    obs = _obs(job, pods, nodes=nodes, progress=_progress("step", 12), holdings=_holdings(11) | l2,
+               registered=[1, 2])
+    obs = dataclasses.replace(obs, cluster=ClusterState(nodes=tuple(
+        dataclasses.replace(n, capacity=1) for n in obs.cluster.nodes)))
+    d = decide(job.spec, Recorded(applied=0), obs, {"phase": "Running", "restarts": 0}, now=NOW)
+    assert d.plan.action.value == "Reshard" and d.plan.restore_step == 10  # the latest step in L2
+    assert d.layout.world_size == 2 and d.layout.data == 1
+    assert (d.create, d.delete) == ((0, 1), (0, 1, 2, 3))
+    # after the commit: the old generation-0 pods of ranks 0 and 1 are stale; ranks 2 and 3 stay deleted
+    rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
+    again = decide(job.spec, rec, obs, {"phase": "Recovering", "restarts": 1}, now=NOW + 1)
+    assert (again.plan, again.create, again.delete) == (None, (0, 1), (0, 1, 2, 3))
+    pod = rank_pod(job, 0, generation=1, config=PodConfig(redis_url="redis://r:6379/0"), layout=again.layout)
+    env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c["env"]}
+    assert json.loads(env["LIFELINE_LAYOUT"])["data"] == 1 and env["LIFELINE_WORLD_SIZE"] == "2"
 
 
 def test_missing_pod_after_apply_is_pod_lost(job):

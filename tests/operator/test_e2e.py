@@ -15,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "lifeline"
 EXAMPLE = ROOT / "examples" / "gpt-moe.yaml"
+STEPS = 40  # of the real-trainer run
 RELEASE = "ll"
 OPERATOR_SA = "ll-lifeline-operator"
 
@@ -129,6 +130,8 @@ def test_operator_rights_stop_at_the_chart(devcluster, operator_release):
         assert can("patch", "trainingjobs.lifeline.dev/status", "-n", ns)
         assert not can("get", "secrets", "-n", other)
         assert not can("create", "pods", "-n", other)
+        assert can("list", "pods", "-n", other)  # node capacity: requests of every pod on a node
+        assert not can("get", "pods", "-n", other) and not can("watch", "pods", "-n", other)
         assert not can("delete", "nodes")
         assert not can("update", "secrets", "-n", ns)
         assert not can("get", "secrets", "-n", "kube-system")
@@ -233,13 +236,16 @@ def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
 
 
 @pytest.mark.slow
-def test_training_survives_a_node_failure(devcluster, operator_release):
-    """Kill the node of a rank mid-training: the operator replaces the lost pods on other nodes,
-    the ranks restore (L0/L1) in a new generation, and the job still finishes."""
+def test_training_survives_a_node_failure(devcluster, operator_release, tmp_path):
+    """Kill the node of a rank mid-training, then the operator pod while that recovery is under
+    way: the new operator pod finishes it, the lost pods run on other nodes, the ranks restore
+    (L0/L1) in a new generation, the job succeeds, and its final parameters (consolidated from the
+    L2 checkpoint in MinIO) are bit-identical to a failure-free ``lifeline run`` of the same spec."""
     ns = operator_release
     body = yaml.safe_load(EXAMPLE.read_text())
-    body["spec"]["steps"] = 40
+    body["spec"]["steps"] = STEPS
     body["spec"]["recovery"]["hangTimeoutSeconds"] = 120
+    _forget_l2(devcluster, "gpt-moe")  # an earlier test's job of the same name may have persisted steps
     devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
 
     def progressed():
@@ -254,10 +260,74 @@ def test_training_survives_a_node_failure(devcluster, operator_release):
     finally:  # later tests of the session get all their nodes back
         devcluster.start_node(victim)
         devcluster.wait_nodes_ready(timeout=120)
+    got = _l2_digest(devcluster, "gpt-moe", STEPS)
+    assert got == _reference_digest(body, tmp_path), \
+        "the final parameters after a node failure differ from the failure-free run's"
+
+
+def _reference_digest(body: dict, tmp_path: Path) -> str:
+    """Digest of the final state of ``lifeline run`` of the same spec without failures (local
+    processes, their own Redis, L2 on the filesystem)."""
+    import subprocess
+    import sys
+
+    job = tmp_path / "reference.yaml"
+    job.write_text(yaml.safe_dump(body))
+    p = subprocess.run(
+        [sys.executable, "-m", "lifeline", "run", str(job), "--json", "--state-dir", str(tmp_path / "reference"),
+         "--persist-uri", str(tmp_path / "reference-l2"), "--timeout", "600"],
+        capture_output=True, text=True, cwd=ROOT, timeout=660)
+    assert p.returncode == 0, f"the failure-free reference run failed:\n{p.stderr[-3000:]}"
+    digest = json.loads(p.stdout.strip().splitlines()[-1])["digest"]
+    assert (digest["source"], digest["step"]) == ("L2", STEPS), digest
+    return digest["sha256"]
+
+
+def _l2(devcluster):
+    """``(storage, prefix)`` of the example's L2 URI in the cluster's MinIO."""
+    from lifeline.checkpoint import storage_from_uri
+
+    uri = yaml.safe_load(EXAMPLE.read_text())["spec"]["checkpoint"]["persist"]["uri"]
+    return storage_from_uri(uri, endpoint=devcluster.minio_endpoint, access_key=devcluster.minio_access_key,
+                            secret_key=devcluster.minio_secret_key)
+
+
+def _forget_l2(devcluster, job: str) -> None:
+    storage, prefix = _l2(devcluster)
+    for key in storage.list(f"{prefix.strip('/')}/{job}/"):
+        storage.delete(key)
+
+
+def _l2_digest(devcluster, job: str, step: int) -> str:
+    """SHA-256 of the consolidated state of ``job``'s checkpoint ``step`` in the cluster's MinIO."""
+    from lifeline.checkpoint import consolidate
+    from lifeline.launch.summary import await_l2_step, state_digest
+
+    storage, prefix = _l2(devcluster)
+    assert await_l2_step(storage, prefix, job, step, 120.0), f"step {step} of {job} never reached L2"
+    return state_digest(consolidate(storage, prefix, job, step))
 
 
 def _survive(devcluster, ns: str, victim: str) -> None:
-    def replaced():  # collective errors may come first (RestartInPlace); the node loss then replaces pods
+    def recovering():  # the first plan committed for this failure (a collective error may come first)
+        st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
+        return st if st.get("phase") == "Recovering" and st.get("recoveries") else None
+
+    _wait(f"a recovery after killing {victim}", recovering, timeout=180)
+    # Kill the operator in the middle of that recovery: the Deployment's new pod must finish it.
+    old = {p["metadata"]["name"] for p in _get(devcluster, "pods", "-n", ns, "-l",
+                                                 "app.kubernetes.io/component=operator")["items"]}
+    devcluster.kubectl("delete", "pod", "-n", ns, "-l", "app.kubernetes.io/component=operator",
+                       "--wait=false", "--grace-period=0", "--force", check=False)
+
+    def new_operator():
+        pods = _get(devcluster, "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
+        return [p for p in pods if p["metadata"]["name"] not in old and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
+
+    _wait("a new operator pod to be Ready", new_operator, timeout=120)
+
+    def replaced():
         st = _get(devcluster, "trainingjob", "gpt-moe", "-n", ns).get("status") or {}
         return [r for r in st.get("recoveries") or [] if r["kind"] in ("ReplacePods", "Rollback", "Reshard")
                 and 1 in r["ranks"]]

@@ -124,6 +124,10 @@ def test_env_validates_as_the_roles_settings(job):
     assert trainer.generation is None  # joins the catalog's current generation (survives in-place restarts)
     assert trainer.arena_dir == sidecar.arena_dir  # both default into the shared /dev/shm volume
     assert str(trainer.arena_dir).startswith(ARENA_MOUNT + "/")
+    # an elastic reshard restores from L2: the trainer reaches the same store as the sidecar
+    assert (trainer.persist_uri, trainer.s3_endpoint, trainer.s3_access_key, trainer.s3_secure) == \
+        (sidecar.persist_uri, sidecar.s3_endpoint, sidecar.s3_access_key, sidecar.s3_secure)
+    assert trainer.s3_secret_key.get_secret_value() == "sk"
 
 
 def test_cooldown_nodes_are_anded_into_every_affinity_term(job_body):
@@ -188,8 +192,9 @@ def test_elastic_layout_sets_world_size(job):
 def test_no_s3_env_without_s3_persistence(job_body):
     job_body["spec"]["checkpoint"]["persist"] = {"every": 10, "uri": "file:///data/ckpt"}
     side = _env(_container(rank_pod(load_trainingjob(job_body), 0, generation=0, config=CONFIG), "sidecar"))
-    assert side["LIFELINE_PERSIST_URI"]["value"] == "file:///data/ckpt"
-    assert not any(k.startswith("LIFELINE_S3_") for k in side)
+    trainer = _env(_container(rank_pod(load_trainingjob(job_body), 0, generation=0, config=CONFIG), "trainer"))
+    assert side["LIFELINE_PERSIST_URI"]["value"] == trainer["LIFELINE_PERSIST_URI"]["value"] == "file:///data/ckpt"
+    assert not any(k.startswith("LIFELINE_S3_") for k in [*side, *trainer])
     del job_body["spec"]["checkpoint"]["persist"]
     side = _env(_container(rank_pod(load_trainingjob(job_body), 0, generation=0, config=CONFIG), "sidecar"))
     assert side["LIFELINE_PERSIST_EVERY"]["value"] == "0"

@@ -61,3 +61,18 @@ def recovery_command(
 
     typer.echo(json.dumps(run(steps=steps, persist_every=persist_every, fail_step=fail_step, duration=duration,
                               mtbf=mtbf, ettr=ettr, workdir=workdir, seed=seed), indent=1))
+
+
+@app.command("operator")
+def operator_command(
+    steps: int = typer.Option(60, "--steps", help="spec.steps of the TrainingJob."),
+    kill_after_step: int = typer.Option(10, "--kill-after-step", help="Kill rank 1's node once this step is complete."),
+    poll: float = typer.Option(0.1, "--poll", help="Seconds between API reads (timestamp resolution)."),
+    workdir: str = typer.Option(None, "--workdir", help="Dev cluster state directory (default: a new temp dir)."),
+) -> None:
+    """The operator on a real dev cluster: a node killed mid-run; detection, replacement, resume, reconcile latency."""
+    import json
+
+    from lifeline.bench.operator import run
+
+    typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=workdir, poll=poll), indent=1))

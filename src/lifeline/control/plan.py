@@ -78,8 +78,8 @@ class RecoveryPlan:
         sources: per shard of the saved layout, where to read it, ascending by rank.
         restart_ranks: trainer containers to restart in their (kept) pods.
         create_pods: pods to create, ascending by rank.
-        delete_ranks: pods to delete (ranks beyond a smaller world size) once the new generation
-            has restored: until then their sidecars may serve ``sources``.
+        delete_ranks: pods to delete: ranks beyond a smaller world size (a reshard restores
+            from L2, so nothing is read from their sidecars).
         cool_downs: ``(node, expiry seconds since epoch)`` for the job's new pods to avoid.
         failures: the failures this plan answers.
         reason: why this rung, in words (for events and ``status.recoveries[].reason``).
@@ -372,8 +372,11 @@ def _reshard(
         return None
     new_layout = layout.model_copy(update={"data": data})
     new_world = new_layout.world_size
-    dropped = set(range(new_world, state.world_size)) - lost
-    step, sources = _latest_covered(tuple(range(state.world_size)), _usable(state, lost), TIERS, state.step)
+    dropped = set(range(new_world, state.world_size))  # lost or not: no rank >= W' may keep a pod
+    # Every rank restarts in the new layout (new pods: the operator writes the layout into their
+    # env) and reads the universal checkpoint resharded from L2 (the restore path into another
+    # layout), so only steps complete in L2 qualify.
+    step, sources = _latest_covered(tuple(range(state.world_size)), _usable(state, lost), ("L2",), state.step)
     if step is None:
         return None
     staying = {r: state.node_of_rank[r] for r in range(new_world) if r not in lost}

@@ -131,7 +131,7 @@ def decide(
                         resumed=old_phase == "Recovering", **base)
 
     # Pods the current plan replaces but whose old incarnation still exists: delete, then recreate.
-    replaced = {p.rank for p in plan.create_pods} if plan is not None else set()
+    replaced = _recreated(plan, world) if plan is not None else set()
     stale = tuple(sorted(r for r, pod in obs.pods.items() if r in replaced and pod_generation(pod) < g))
     missing = tuple(r for r in range(world) if r not in obs.pods or r in stale)
     creating = recorded.applied < g
@@ -175,7 +175,7 @@ def decide(
         if new.action is RecoveryAction.GIVE_UP:
             return Decision("Failed", "GiveUp", new.reason, failures=failures, plan=new, **base)
         handled = {(pod.get("metadata") or {}).get("uid", ""): terminations(pod) for pod in obs.pods.values()}
-        recreate = {p.rank for p in new.create_pods}
+        recreate = _recreated(new, new.layout.world_size)
         condemned = set(obs.pods) | set(obs.terminating)  # terminating ones are force-deleted: the name is needed
         return Decision(
             "Recovering",
@@ -209,6 +209,14 @@ def decide(
                         create=create, delete=delete, **base)
     return Decision("Pending", "PodsStarting", f"waiting for the pods of ranks {unready} to be Ready",
                     create=create, delete=delete, **base)
+
+
+def _recreated(plan: RecoveryPlan, world: int) -> set[int]:
+    """Ranks whose pods ``plan`` (re)creates: its new placements, or every rank of the new layout
+    for a reshard (each pod's env carries the layout, and a pod's env cannot change)."""
+    if plan.action is RecoveryAction.RESHARD:
+        return set(range(world))
+    return {p.rank for p in plan.create_pods}
 
 
 def status_reason(status: Mapping[str, Any], type_: str) -> str:

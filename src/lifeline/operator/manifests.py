@@ -171,7 +171,6 @@ def _common_env(job: TrainingJob, rank: int, world_size: int, config: PodConfig)
 
 def _sidecar_env(job: TrainingJob, config: PodConfig) -> list[dict]:
     ck = job.spec.checkpoint
-    secret = secret_name(job.metadata["name"])
     env = [
         _env("LIFELINE_PEER_PORT", SidecarSettings, str(config.peer_port)),
         _env("LIFELINE_METRICS_PORT", SidecarSettings, str(config.metrics_port)),
@@ -182,29 +181,40 @@ def _sidecar_env(job: TrainingJob, config: PodConfig) -> list[dict]:
     ]
     if ck.memory_limit is not None:
         env.append(_env("LIFELINE_MEMORY_BYTES", SidecarSettings, str(ck.memory_limit)))
-    if ck.persist is not None and ck.persist.uri.startswith("s3://"):
-        env += [
-            _env("LIFELINE_S3_ENDPOINT", SidecarSettings, config.s3_endpoint),
-            _env("LIFELINE_S3_SECURE", SidecarSettings, "true" if config.s3_secure else "false"),
-            _env("LIFELINE_S3_ACCESS_KEY", SidecarSettings, secretKeyRef={"name": secret, "key": SECRET_S3_ACCESS_KEY}),
-            _env("LIFELINE_S3_SECRET_KEY", SidecarSettings, secretKeyRef={"name": secret, "key": SECRET_S3_SECRET_KEY}),
-        ]
-    return env
+    return env + _s3_env(job, config, SidecarSettings)
 
 
-def _trainer_env(job: TrainingJob, layout: LayoutSpec) -> list[dict]:
+def _s3_env(job: TrainingJob, config: PodConfig, settings: type) -> list[dict]:
+    """Object-storage access for ``s3://`` persist URIs (the sidecar persists there; the trainer
+    reads it when restoring into another layout); empty for other URIs."""
+    ck = job.spec.checkpoint
+    if ck.persist is None or not ck.persist.uri.startswith("s3://"):
+        return []
+    secret = secret_name(job.metadata["name"])
+    return [
+        _env("LIFELINE_S3_ENDPOINT", settings, config.s3_endpoint),
+        _env("LIFELINE_S3_SECURE", settings, "true" if config.s3_secure else "false"),
+        _env("LIFELINE_S3_ACCESS_KEY", settings, secretKeyRef={"name": secret, "key": SECRET_S3_ACCESS_KEY}),
+        _env("LIFELINE_S3_SECRET_KEY", settings, secretKeyRef={"name": secret, "key": SECRET_S3_SECRET_KEY}),
+    ]
+
+
+def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> list[dict]:
     """The runtime's settings. ``LIFELINE_GENERATION`` is left unset on purpose: the runtime then
     joins the catalog's current generation, which stays right when the kubelet restarts a crashed
-    trainer in place after the operator has published a newer plan."""
+    trainer in place after the operator has published a newer plan. The L2 store's URI and
+    credentials let a trainer restore into another layout (an elastic reshard) from L2."""
     spec = job.spec
     model = {"seed": spec.seed, **(spec.model.args if spec.model else {})}
+    persist = spec.checkpoint.persist
     return [
         _env("LIFELINE_LAYOUT", TrainerSettings, json.dumps(layout.to_wire(), sort_keys=True)),
         _env("LIFELINE_STEPS", TrainerSettings, str(spec.steps)),
         _env("LIFELINE_CHECKPOINT_EVERY", TrainerSettings, str(spec.checkpoint.every)),
         _env("LIFELINE_MODEL", TrainerSettings, json.dumps(model, sort_keys=True)),
         _env("LIFELINE_BACKPRESSURE", TrainerSettings, spec.checkpoint.backpressure),
-    ]
+        _env("LIFELINE_PERSIST_URI", TrainerSettings, persist.uri if persist else ""),
+    ] + _s3_env(job, config, TrainerSettings)
 
 
 def _merge_env(base: list[dict], ours: list[dict]) -> list[dict]:
@@ -290,7 +300,7 @@ def rank_pod(
     for c in spec.get("containers", []):
         if c.get("name") == TRAINER_CONTAINER:
             trainer = c
-            c["env"] = _merge_env(c.get("env", []), copy.deepcopy(common) + _trainer_env(job, layout))
+            c["env"] = _merge_env(c.get("env", []), copy.deepcopy(common) + _trainer_env(job, layout, config))
             c["volumeMounts"] = [
                 m for m in c.get("volumeMounts", []) if m.get("name") != ARENA_VOLUME and m.get("mountPath") != ARENA_MOUNT
             ] + [mount]

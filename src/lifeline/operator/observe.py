@@ -14,6 +14,7 @@ mid-recovery sees exactly the failures it has not handled yet.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from lifeline.control.failures import (
 )
 from lifeline.control.state import ClusterState, Holding, NodeState
 from lifeline.operator.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "UNREACHABLE_TAINT",
@@ -315,7 +318,8 @@ class Observation:
 
 
 def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: int,
-            cool_downs: Mapping[str, float], recent_steps: int = 4) -> Observation:
+            cool_downs: Mapping[str, float], recent_steps: int = 4,
+            pod_requests: Mapping[str, Any] | None = None) -> Observation:
     """Read the job's pods, every node, and the catalog.
 
     Args:
@@ -325,6 +329,9 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
         world_size: current number of ranks.
         cool_downs: node -> expiry (seconds since epoch), from the job's annotation.
         recent_steps: how many of the newest catalog steps to read holdings of.
+        pod_requests: one rank pod's resource requests; when given, every node's capacity for the
+            job is filled in (:mod:`lifeline.operator.capacity`) from a list of every pod, which
+            needs cluster-wide pod reads: without them (403) capacities stay unknown.
 
     Raises:
         kubernetes.client.ApiException: the API server refused a list call (the handler retries).
@@ -334,6 +341,8 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
     nodes_raw = api.sanitize_for_serialization(core.list_node().items)
     nodes = {n["metadata"]["name"]: n for n in nodes_raw}
     cluster = ClusterState(nodes=node_states(nodes_raw), cool_downs=tuple(sorted(cool_downs.items())))
+    if pod_requests:
+        cluster = _with_capacity(core, cluster, nodes, pod_requests, namespace=namespace, job=job)
     obs = dict(pods=pods_by_rank(pods_raw, world_size), terminating=pods_by_rank(pods_raw, world_size, terminating=True),
                nodes=nodes, cluster=cluster, at=time.time())
     if catalog is None:
@@ -357,3 +366,21 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
         return Observation(**obs, catalog_error=f"{type(err).__name__}: {err}")
     return Observation(**obs, registered=registered, progress=progress, complete_step=complete,
                        catalog_generation=generation, holdings=holdings)
+
+
+def _with_capacity(core: Any, cluster: ClusterState, nodes: Mapping[str, Any], per_pod: Mapping[str, Any], *,
+                   namespace: str, job: str) -> ClusterState:
+    from kubernetes.client.exceptions import ApiException
+
+    from lifeline.operator.capacity import with_capacity
+
+    try:
+        pods = core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed")
+    except ApiException as err:
+        if err.status != 403:
+            raise
+        log.warning("cannot list pods cluster-wide (%s): node capacities unknown, so no elastic reshard; "
+                    "the chart grants it with operator.nodeCapacity=true", err.reason)
+        return cluster
+    raw = core.api_client.sanitize_for_serialization(pods.items)
+    return with_capacity(cluster, nodes, raw, per_pod, namespace=namespace, job=job)

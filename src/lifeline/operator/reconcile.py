@@ -25,6 +25,7 @@ from typing import Any
 
 from lifeline.api.trainingjob import GROUP, PLURAL, VERSION, RecoveryAction, TrainingJob
 from lifeline.operator import events, metrics
+from lifeline.operator.capacity import pod_requests
 from lifeline.operator.decide import Decision, decide
 from lifeline.operator.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
 from lifeline.operator.observe import observe
@@ -114,6 +115,14 @@ def _ensure_secret(env: Env, job: TrainingJob) -> None:
             raise
         return
     events.record(_job_ref(job), "SecretCreated", f"created Secret {name} with a new HMAC key for peer transfers")
+
+
+def _rank_pod_requests(env: Env, job: TrainingJob) -> dict[str, Any] | None:
+    """One rank pod's resource requests when the job may reshard elastically (only then does the
+    planner need node capacities); ``None`` otherwise."""
+    if job.spec.recovery.elastic is None:
+        return None
+    return pod_requests(rank_pod(job, 0, generation=0, config=env.pod_config))
 
 
 def _job_ref(job: TrainingJob) -> dict[str, Any]:
@@ -235,7 +244,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
     try:
         _own_catalog(catalog, meta["uid"])
         obs = observe(env.core, catalog, namespace=job.namespace, job=job.name, world_size=world,
-                      cool_downs=recorded.cool_downs)
+                      cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, job))
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
         d = decide(job.spec, recorded, obs, status, now=now)
