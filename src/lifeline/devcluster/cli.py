@@ -55,6 +55,7 @@ def up(
                   redis=redis_port, minio=minio_port)
     c = DevCluster.up(state_dir, nodes=nodes, ports=ports, node_cpu=node_cpu, node_memory=node_memory)
     print(f"export KUBECONFIG={c.kubeconfig}")
+    print(f"alias helm={c.helm_binary}  # built from source by `lifeline devcluster build`")
     print(f"# redis: {c.redis_url}   minio: http://{c.minio_endpoint} "
           f"(access key {c.minio_access_key}, secret key {c.minio_secret_key})")
 

@@ -110,6 +110,11 @@ class DevCluster:
         return list(self._state["nodes"])
 
     @property
+    def helm_binary(self) -> Path:
+        """The helm built from source for this cluster (``lifeline devcluster build``)."""
+        return Path(self._state["bins"]["helm"])
+
+    @property
     def server(self) -> str:
         """The API server URL, ``https://127.0.0.1:PORT``."""
         return f"https://127.0.0.1:{self.ports.apiserver}"
@@ -384,7 +389,7 @@ class DevCluster:
 
     def helm(self, *args: str, check: bool = True, timeout: float = 120) -> str:
         """Run the cluster's ``helm`` (built from source) against it; returns stdout."""
-        return self._run_tool([self._state["bins"]["helm"], *args], check=check, input=None, timeout=timeout)
+        return self._run_tool([str(self.helm_binary), *args], check=check, input=None, timeout=timeout)
 
     def _run_tool(self, cmd: list[str], *, check: bool, input: str | None, timeout: float) -> str:
         p = subprocess.run(cmd, env=self._tool_env(), input=input, text=True, capture_output=True,
