@@ -356,3 +356,47 @@ def _survive(devcluster, ns: str, victim: str) -> None:
     reasons = {e["reason"] for e in _get(devcluster, "events", "-n", ns,
                                          "--field-selector", "involvedObject.name=gpt-moe")["items"]}
     assert {"FailureDetected", "Recovered", "Succeeded"} <= reasons
+
+
+@pytest.mark.slow
+def test_elastic_job_reshards_when_a_lost_node_leaves_no_room(devcluster, operator_release):
+    """3 ranks (data parallel 3), each pod requesting 3 of a node's 4 CPUs: one per node. Kill the
+    node of rank 1: the two healthy nodes have room for two pods only, so the operator (node
+    capacity from requests) reshards to data 2 from the latest L2 checkpoint, recreates every pod
+    in the new layout, deletes rank 2, and the job finishes in the smaller layout."""
+    ns = operator_release
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["name"] = "elastic"
+    spec = body["spec"]
+    steps = 300  # data parallel only: ~20 steps/s, so the kill lands mid-run
+    spec.update(replicas=3, layout={"tensor": 1, "pipeline": 1, "data": 3, "expert": 1}, steps=steps)
+    spec["recovery"]["hangTimeoutSeconds"] = 120
+    spec["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "3"}}
+    _forget_l2(devcluster, "elastic")
+    devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+    def status() -> dict:
+        return _get(devcluster, "trainingjob", "elastic", "-n", ns).get("status") or {}
+
+    _wait("a complete checkpoint at step >= 12", lambda: (status().get("completeStep") or 0) >= 12, timeout=300)
+    from lifeline.launch.summary import await_l2_step
+
+    storage, prefix = _l2(devcluster)
+    assert await_l2_step(storage, prefix, "elastic", 10, 120.0), "step 10 never reached L2"
+    victim = _get(devcluster, "pod", "elastic-1", "-n", ns)["spec"]["nodeName"]
+    devcluster.kill_node(victim)
+    try:
+        st = _wait("the job to finish", lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s,
+                   timeout=600)
+    finally:
+        devcluster.start_node(victim)
+        devcluster.wait_nodes_ready(timeout=120)
+    history = [(r["generation"], r["kind"], r["ranks"], r.get("fromStep")) for r in st.get("recoveries", [])]
+    assert st["phase"] == "Succeeded", f"{st.get('message')}; recoveries: {history}"
+    reshard = [r for r in st["recoveries"] if r["kind"] == "Reshard"]
+    assert reshard, f"no reshard: {history}"
+    assert st["layout"]["data"] == 2 and st["replicas"] == 2 and st["step"] == steps
+    pods = _get(devcluster, "pods", "-n", ns, "-l", "lifeline.dev/job=elastic")["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    assert sorted(p["metadata"]["labels"]["lifeline.dev/rank"] for p in live) == ["0", "1"]
+    assert all(p["spec"]["nodeName"] != victim for p in live)

@@ -72,3 +72,30 @@ def test_single_rank_needs_no_catalog():
     import torch.distributed as dist
 
     assert not dist.is_initialized()
+
+
+def test_a_stale_address_is_read_again_until_the_live_rank_zero_publishes(redis_server):
+    """Rank 0 of a generation died after publishing (e.g. a pod an elastic reshard replaced); its
+    replacement publishes anew. A rank that read the stale address must not wait out its whole
+    deadline on it: it reads the key again and meets the live rank 0."""
+    import socket
+    import threading
+
+    from lifeline.runtime._rendezvous import rendezvous
+
+    job = job_name("rdzv")
+    catalog = Catalog(redis_server.url, job, 2)
+    with socket.socket() as s:  # a port nothing listens on any more
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    catalog.r.set(rendezvous_key(catalog, 0), f"127.0.0.1:{dead}")
+    got: dict = {}
+    worker = threading.Thread(target=lambda: got.update(store=rendezvous(
+        catalog, rank=1, world_size=2, generation=0, pod_ip="127.0.0.1", timeout=60)), daemon=True)
+    worker.start()
+    master = rendezvous(Catalog(redis_server.url, job, 2), rank=0, world_size=2, generation=0,
+                        pod_ip="127.0.0.1", timeout=60)
+    worker.join(timeout=60)
+    assert "store" in got, "rank 1 never connected to the live rank 0's store"
+    got["store"].set("hello", "world")
+    assert master.get("hello") == b"world"

@@ -318,7 +318,7 @@ class Observation:
 
 
 def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: int,
-            cool_downs: Mapping[str, float], recent_steps: int = 4,
+            cool_downs: Mapping[str, float], recent_steps: int = 4, persist_every: int = 0,
             pod_requests: Mapping[str, Any] | None = None) -> Observation:
     """Read the job's pods, every node, and the catalog.
 
@@ -329,6 +329,9 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
         world_size: current number of ranks.
         cool_downs: node -> expiry (seconds since epoch), from the job's annotation.
         recent_steps: how many of the newest catalog steps to read holdings of.
+        persist_every: the job's L2 interval (steps; 0: none); the holdings of the two newest
+            catalog steps that are multiples of it are read too, so the latest L2 checkpoint is
+            seen however many memory-tier steps came after it (a reshard restores from it).
         pod_requests: one rank pod's resource requests; when given, every node's capacity for the
             job is filled in (:mod:`lifeline.operator.capacity`) from a list of every pod, which
             needs cluster-wide pod reads: without them (403) capacities stay unknown.
@@ -356,7 +359,9 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
         registered = frozenset(catalog.sidecars())
         progress = progress_of(catalog.r.hgetall(catalog.prefix + "progress"), generation)
         complete = catalog.latest_complete_step()
-        steps = catalog.steps()[-recent_steps:]
+        every = catalog.steps()
+        steps = sorted(set(every[-recent_steps:]) | set(
+            [s for s in every if persist_every and s % persist_every == 0][-2:]))
         pipe = catalog.r.pipeline(transaction=False)
         keys = [(s, r) for s in steps for r in range(world_size)]
         for s, r in keys:

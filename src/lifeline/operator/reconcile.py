@@ -180,11 +180,14 @@ def _force_delete(env: Env, name: str, namespace: str) -> None:
             raise
 
 
-def _act_on_pods(env: Env, job: TrainingJob, d: Decision) -> bool:
-    """Delete then create pods; True when every pod of ``d.create`` exists afterwards."""
+def _act_on_pods(env: Env, job: TrainingJob, d: Decision, before_create: Any = None) -> bool:
+    """Delete then create pods (calling ``before_create()`` in between, when given); True when
+    every pod of ``d.create`` exists afterwards."""
     ns = job.namespace
     for rank in d.delete:
         _force_delete(env, pod_name(job.name, rank), ns)
+    if before_create is not None:
+        before_create()
     complete = True
     config = env.pod_config
     for rank in d.create:
@@ -244,7 +247,8 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
     try:
         _own_catalog(catalog, meta["uid"])
         obs = observe(env.core, catalog, namespace=job.namespace, job=job.name, world_size=world,
-                      cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, job))
+                      cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, job),
+                      persist_every=job.spec.checkpoint.persist.every if job.spec.checkpoint.persist else 0)
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
         d = decide(job.spec, recorded, obs, status, now=now)
@@ -264,11 +268,21 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
                                                       **recorded.commit_patch(d.plan, d.handled or {})["metadata"]
                                                       ["annotations"]})
         current = d.plan if d.plan is not None and d.plan.action is not RecoveryAction.GIVE_UP else recorded.plan
+        publish = None
         if current is not None and catalog.generation() < current.generation:
-            catalog.put_plan(current.generation, plan_document(current))
+            def publish() -> None:
+                catalog.put_plan(current.generation, plan_document(current))
+            if current.action is not RecoveryAction.RESHARD:
+                publish()  # survivors act on it in their processes
+                publish = None
+            # A reshard replaces every pod: the old trainers must not act on the plan (joining the
+            # new generation from a pod about to be deleted), so it is published between the
+            # deletes and the creates.
         if d.phase != "Failed" and (d.delete or d.create):
-            if _act_on_pods(env, job, d) and recorded.applied < d.generation:
+            if _act_on_pods(env, job, d, before_create=publish) and recorded.applied < d.generation:
                 _patch_job(env, job, Recorded.applied_patch(d.generation))
+        elif publish is not None:
+            publish()
         elif d.phase not in ("Failed", "Succeeded") and recorded.applied < d.generation:
             _patch_job(env, job, Recorded.applied_patch(d.generation))
         if recovery is None and current is not None and d.phase == "Recovering" and not any(

@@ -2,7 +2,9 @@
 
 Rank 0 of generation ``g`` starts a ``TCPStore`` on its pod IP (an ephemeral port) and
 publishes ``host:port`` under ``lifeline:<job>:rdzv:<g>``; every other rank polls that key
-until its deadline and connects. Peers never resolve names: the dev cluster has no DNS.
+until its deadline and connects, reading the key again when an address refuses (a rank 0 that
+died after publishing is replaced by one that publishes anew). Peers never resolve names: the
+dev cluster has no DNS.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from lifeline.errors import CatalogError, RecoveryError
 __all__ = ["rendezvous", "rendezvous_key", "redis_call", "Superseded"]
 
 RDZV_TTL_SECONDS = 7 * 24 * 3600
+CONNECT_ATTEMPT_SECONDS = 3.0
+"""How long one connection attempt to a published store address may take before the key is read again."""
 
 
 class Superseded(Exception):
@@ -64,14 +68,21 @@ def rendezvous(catalog, *, rank: int, world_size: int, generation: int, pod_ip: 
     while True:
         address = redis_call(catalog, catalog.r.get, key)
         if address:
-            break
+            # A stale address (a previous incarnation of rank 0 that joined this generation and
+            # died, e.g. a pod an elastic reshard replaced) refuses connections: try it briefly,
+            # then read the key again, where the live rank 0 publishes its own.
+            host, port = address.rsplit(":", 1)
+            attempt = min(CONNECT_ATTEMPT_SECONDS, max(0.1, deadline - time.monotonic()))
+            try:
+                return dist.TCPStore(host, int(port), world_size, is_master=False,
+                                     timeout=timedelta(seconds=attempt))
+            except (dist.DistError, RuntimeError, TimeoutError):
+                pass
         current = catalog.generation()
         if current > generation:
             raise Superseded(current)
         if time.monotonic() > deadline:
-            raise RecoveryError(f"no rendezvous address for generation {generation} within {timeout:.0f} s "
-                                "(is rank 0 of this generation running?)", job=catalog.job, rank=rank, key=key)
+            raise RecoveryError(f"no reachable rendezvous store for generation {generation} within {timeout:.0f} s "
+                                f"(last address: {address or 'none'}; is rank 0 of this generation running?)",
+                                job=catalog.job, rank=rank, key=key)
         time.sleep(poll)
-    host, port = address.rsplit(":", 1)
-    remaining = max(1.0, deadline - time.monotonic())
-    return dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timedelta(seconds=remaining))
