@@ -60,15 +60,22 @@ def send_data(sock: socket.socket, buf, *, checksum: bool = True) -> None:
     sendall_parts(sock, [HEADER.pack(DATA, HAS_CRC if checksum else 0, crc, len(view)), view])
 
 
-def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; raises :class:`PeerError` on EOF."""
+def recv_into_exact(sock: socket.socket, view: memoryview, progress=None, piece: int = 1 << 30) -> None:
+    """Fill ``view`` completely from ``sock``; raises :class:`PeerError` on EOF.
+
+    ``progress(received)``, when given, is called after every ``recv_into`` of at most ``piece``
+    bytes with the number of bytes of ``view`` filled so far (e.g. to verify checksums of bytes
+    that just arrived, while they are still in the CPU cache).
+    """
     got = 0
     n = len(view)
     while got < n:
-        r = sock.recv_into(view[got:], n - got)
+        r = sock.recv_into(view[got:], min(n - got, piece))
         if r == 0:
             raise PeerError(f"peer closed the connection after {got} of {n} bytes")
         got += r
+        if progress is not None:
+            progress(got)
 
 
 def recv_header(sock: socket.socket) -> tuple[int, int | None, int]:
@@ -100,10 +107,12 @@ def recv_ctrl(sock: socket.socket) -> dict[str, Any]:
     return msg
 
 
-def recv_data_into(sock: socket.socket, view: memoryview, *, verify: bool = True) -> int:
+def recv_data_into(sock: socket.socket, view: memoryview, *, verify: bool = True, progress=None,
+                   piece: int = 1 << 30) -> int:
     """Read one data frame straight into ``view`` (which must be large enough).
 
-    Returns the payload length in bytes.
+    ``progress(received)`` is called as the payload arrives, in reads of at most ``piece`` bytes
+    (see :func:`recv_into_exact`). Returns the payload length in bytes.
 
     Raises:
         PeerError: EOF, wrong frame type, a payload longer than ``view``.
@@ -121,7 +130,7 @@ def recv_data_into(sock: socket.socket, view: memoryview, *, verify: bool = True
     if length > len(view):
         raise PeerError(f"protocol error: data frame of {length} bytes exceeds the {len(view)} expected")
     target = view[:length]
-    recv_into_exact(sock, target)
+    recv_into_exact(sock, target, progress, piece)
     if verify and crc is not None and crc32c(target) != crc:
         raise ChecksumError("data frame failed its crc32c check in transit")
     return length

@@ -1,9 +1,10 @@
 """The sidecar's side of the peer protocol on TCP (one thread per authenticated connection).
 
 See :mod:`lifeline.sidecar.peer` for the requests. A received blob is written straight into
-its final buffer (bounded by the memory bound, refused beyond it), each frame's crc32c checked on
-arrival, and the whole blob verified against its chunk checksums before the holding is
-registered and acknowledged. A peer that disconnects mid-transfer leaves nothing behind.
+its final buffer (bounded by the memory bound, refused beyond it); a shard's checksum blocks are
+verified as they arrive (:mod:`._verify`), an upstream-log entry's frame and entry crc32c on
+arrival; the holding is registered and acknowledged only after every byte checked out. A peer
+that disconnects mid-transfer leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import socket
 from lifeline.errors import AuthError, ChecksumError, LifelineError, PeerError
 from lifeline.sidecar import _format
 from lifeline.sidecar._frames import crc32c, recv_ctrl, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar._verify import BlobVerifier
 from lifeline.sidecar.auth import server_handshake
 from lifeline.sidecar.store import Holding
 
 log = logging.getLogger("lifeline.sidecar.peer")
+
+_PIECE = 1 << 20  # bytes per recv_into: verified while still in the CPU cache
 
 
 def serve_peer(sc, conn: socket.socket, addr) -> None:
@@ -82,9 +86,9 @@ def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
     buf = sc.take_buffer(n)
     verifier = None
     if kind == "shard":
-        try:  # chunks are verified while the rest of the blob is still arriving
-            verifier = _format.StreamVerifier(meta, buf, rank=rank, step=step, tier="L1")
-        except LifelineError as err:  # unreadable metadata
+        try:  # every checksum block is verified as soon as its bytes have arrived
+            verifier = BlobVerifier(meta, buf, rank=rank, step=step, tier="L1")
+        except (LifelineError, ValueError, KeyError, TypeError) as err:  # unreadable metadata
             sc.give_buffer(buf)
             sc.metrics.errors.labels("protocol").inc()
             send_ctrl(conn, {"op": "error", "error": f"bad shard metadata: {err}"})
@@ -93,9 +97,9 @@ def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
     got = 0
     try:
         while got < n:
-            got += recv_data_into(conn, buf[got:])
-            if verifier is not None:
-                verifier.advance(got)
+            base = got
+            progress = None if verifier is None else (lambda r, base=base: verifier.check(base + r))
+            got += recv_data_into(conn, buf[got:], progress=progress, piece=_PIECE)
         if verifier is not None:
             verifier.finish()
         else:
@@ -106,8 +110,6 @@ def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
         send_ctrl(conn, {"op": "error", "error": str(err), "kind": "checksum"})
         return False
     except (PeerError, OSError) as err:
-        if verifier is not None:
-            verifier.abort()
         sc.give_buffer(buf)
         sc.metrics.errors.labels("peer").inc()
         log.warning("peer %s disconnected mid-transfer of %s step %d rank %d (%d of %d bytes); discarded: %s",

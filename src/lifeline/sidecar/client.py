@@ -101,6 +101,8 @@ class SidecarClient:
         self._plan: Any = None
         self._plan_id = ""
         self._sent_plans: set[str] = set()
+        self._copy_threads = 0  # threads of the memcpy into the arena (set at the first save)
+        self._copy_pool = None
 
     def _connect(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
@@ -160,8 +162,6 @@ class SidecarClient:
             SidecarError: the blob exceeds the slot size, or the sidecar is gone.
             LayoutError: ``state`` does not match ``plan``.
         """
-        from lifeline.checkpoint import write_shard
-
         if step < 0:
             raise ConfigError(f"step must be >= 0, got {step}", field="step")
         t0 = time.perf_counter()
@@ -180,7 +180,7 @@ class SidecarClient:
             return SaveReceipt(step, stall, waited, True, 0)
         slot = int(reply["slot"])
         try:
-            write_shard(plan, state, self.arena.view(slot, plan.nbytes))
+            self._write(plan, state, self.arena.view(slot, plan.nbytes))
         except BaseException:
             self._call({"op": "abort", "slot": slot}, "abort")
             raise
@@ -192,6 +192,20 @@ class SidecarClient:
         stall = time.perf_counter() - t0
         self._report(stall, waited, False)
         return SaveReceipt(step, stall, waited, False, plan.nbytes)
+
+    def _write(self, plan: Any, state: Mapping[str, Any], view: memoryview) -> None:
+        """The one memcpy: ``write_shard`` split over up to ``min(torch intra-op threads, 4)`` threads."""
+        from lifeline.sidecar._copy import write_parallel
+
+        if not self._copy_threads:
+            import torch
+
+            self._copy_threads = max(1, min(torch.get_num_threads(), 4))
+            if self._copy_threads > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._copy_pool = ThreadPoolExecutor(self._copy_threads - 1, thread_name_prefix="arena-copy")
+        write_parallel(plan, state, view, self._copy_pool, self._copy_threads)
 
     def _report(self, stall: float, waited: float, skipped: bool) -> None:
         send_ctrl(self._sock, {"op": "report", "stall": stall, "waited": waited, "skipped": skipped})
@@ -257,9 +271,11 @@ class SidecarClient:
         return int(self._call({"op": "log_gc", "before": before}, "log_gc")["dropped"])
 
     def close(self) -> None:
-        """Close the socket and unmap the arena."""
+        """Close the socket, stop the copy threads and unmap the arena."""
         try:
             self._sock.close()
+            if self._copy_pool is not None:
+                self._copy_pool.shutdown()
         finally:
             self.arena.close()
 

@@ -4,9 +4,9 @@ After the mutual HMAC handshake (:mod:`lifeline.sidecar.auth`) a connection carr
 requests, each a control frame answered by a control frame (plus data frames):
 
 * ``put`` ``{kind, name, step, rank, nbytes, meta}`` → ``ready`` | ``error``; then the blob in data
-  frames of at most ``chunk_bytes`` (each with its crc32c, checked on arrival); the receiver
-  verifies the whole blob against ``meta`` and registers its holding *before* answering ``ack``
-  (or ``error``: the copy is discarded).
+  frames of at most ``chunk_bytes`` (upstream logs: each with its crc32c, checked on arrival;
+  shards: every checksum block verified against ``meta`` as it arrives); the receiver registers its
+  holding *before* answering ``ack`` (or ``error``: the copy is discarded).
 * ``get`` ``{kind, name, step, rank, offset, length}`` → ``data {nbytes, meta}`` + data frames |
   ``error {missing}``. Byte ranges serve resharding restores.
 * ``delete`` ``{kind, name, step, rank}`` → ``ok`` (upstream-log garbage collection).

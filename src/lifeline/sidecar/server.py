@@ -57,6 +57,7 @@ class Sidecar:
         self.store = Store(settings.memory_bytes, self._on_evict)
         self.catalog = Catalog(settings.redis_url, self.job, settings.world_size)
         self.storage, self.prefix = self._make_storage() if settings.persist_enabled else (None, "")
+        self.uploader = self._make_uploader()
         self.stopping = threading.Event()
         self.seal_q: queue.Queue = queue.Queue()
         self.repl_q: queue.Queue = queue.Queue()
@@ -89,6 +90,19 @@ class Sidecar:
                 secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure, retries=s.persist_retries,
             )
         return storage_from_uri(s.persist_uri, **kwargs)
+
+    def _make_uploader(self):
+        """The L2 blob uploader for S3 storage (:mod:`._upload`: parts straight from the arena, crc32c-checked
+        in transit), with the storage's bucket, part size and parallelism; None for other storages."""
+        from lifeline.sidecar._upload import S3Uploader
+
+        st = self.storage
+        if st is None or not self.s.persist_uri.startswith("s3://"):
+            return None
+        access = self.s.s3_access_key or os.environ.get("AWS_ACCESS_KEY_ID", "")
+        secret = self.s.s3_secret_key.get_secret_value() or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+        return S3Uploader(st.endpoint, access, secret, st.bucket, secure=self.s.s3_secure, part_size=st.part_size,
+                          concurrency=st.max_concurrency, retries=self.s.persist_retries)
 
     def start(self) -> Sidecar:
         """Bind the sockets, start every thread and register in the catalog (best effort)."""
@@ -172,6 +186,8 @@ class Sidecar:
             os.unlink(str(self.s.socket_path))
         except OSError:
             pass
+        if self.uploader is not None:
+            self.uploader.close()
         self.arena.close(unlink=unlink)  # frees the Memory-backed pages once every mapping is gone
         self.catalog.close()
 
