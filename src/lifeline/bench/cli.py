@@ -29,7 +29,8 @@ def checkpoint_command(
 @app.command("sidecar")
 def sidecar_command(
     sizes: str = typer.Option("256MiB,1GiB", "--sizes", help="Comma-separated state sizes, e.g. 64MiB,1GiB."),
-    reps: int = typer.Option(3, "--reps", help="Repetitions per measurement after one warm-up (median reported)."),
+    reps: int = typer.Option(3, "--reps", help="Repetitions per measurement after warm-up (median reported; "
+                             "the replication run warms up with two saves)."),
 ) -> None:
     """Sidecar trainer stall, replication and persistence vs memcpy, torch.save, DCP, DLRover, TCP and minio."""
     import json
