@@ -11,7 +11,7 @@ from typing import Any, MutableMapping, Protocol, runtime_checkable
 
 import torch
 
-from lifeline.checkpoint._metadata import ChunkRef, Manifest
+from lifeline.checkpoint._metadata import Manifest
 from lifeline.checkpoint._planner import CopyOp, LoadPlan
 from lifeline.checkpoint._plan import copy_into, dtype_from_name
 from lifeline.errors import ChecksumError, StorageError
@@ -25,7 +25,11 @@ class BlobReader(Protocol):
 
     ``read`` raises :class:`StorageError` when the range cannot be served. A reader may also
     offer ``read_into(step, rank, offset, out)`` to fill ``out`` without a copy: a writable
-    buffer, or a list of them filled one after the other (a scatter read).
+    buffer, or a list of them filled one after the other (a scatter read), and a
+    ``read_piece`` attribute (bytes, or None): the loader then reads in pieces of that size and
+    verifies each piece's checksum blocks right after it is read, while they are cache-hot; and
+    a ``read_threads`` attribute (int, or None): the most reader threads worth running (a local
+    disk streams fastest as one sequential reader).
     """
 
     def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
@@ -40,6 +44,8 @@ class StorageBlobReader:
 
         self.storage, self.prefix, self.job = storage, prefix, job
         self._key = blob_key
+        self.read_piece: int | None = getattr(storage, "read_piece", None)
+        self.read_threads: int | None = getattr(storage, "read_threads", None)
 
     def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
         return self.storage.get(self._key(self.prefix, self.job, step, rank), offset, length)
@@ -167,41 +173,97 @@ class _Executor:
         return None
 
     # -- reads --------------------------------------------------------------------------
-    def _verify(self, op: CopyOp, ref: ChunkRef, segs, done: set) -> None:
-        c = ref.chunk
-        for a, b in op.intervals:
-            key = (c.byte_offset, a, b)
-            region = self._region(segs, c.byte_offset + a, c.byte_offset + b)
-            if key in done or region is None:  # already checked, or another read's
+    def _checks(self, ri: int, segs) -> list[list[Any]]:
+        """Block-aligned ranges of read ``ri`` to verify: ``[abs_lo, abs_hi, ops, ref, buf, seg_start, cursor]``:
+        each distinct interval of the primary copies once (with every op reading it), lying inside
+        one segment of ``segs`` (an interval of another read is that read's to check)."""
+        by_range: dict[tuple[int, int], list[Any]] = {}
+        for i in self.plan.reads[ri].ops:
+            op = self.plan.ops[i]
+            ref = op.copies[0]
+            c = ref.chunk
+            for a, b in op.intervals:
+                lo, hi = c.byte_offset + a, c.byte_offset + b
+                chk = by_range.get((lo, hi))
+                if chk is not None:
+                    chk[2].append(i)
+                    continue
+                for sa, sb, buf, _ in segs:
+                    if sa <= lo and hi <= sb:
+                        by_range[(lo, hi)] = [lo, hi, [i], ref, memoryview(buf.numpy()), sa, lo]
+                        break
+        return sorted(by_range.values(), key=lambda x: x[0])
+
+    def _verify_upto(self, checks: list[list[Any]], upto: int, bad: dict[int, ChecksumError]) -> None:
+        """Verify every whole checksum block of ``checks`` below blob byte ``upto`` not verified yet
+        (the bytes were just read, so they are still in the CPU cache). A mismatch marks every op
+        reading that range bad."""
+        while checks and checks[0][6] >= checks[0][1]:  # sorted by start: drop the finished head
+            checks.pop(0)
+        for chk in checks:
+            lo, hi, ops, ref, buf, sa, cursor = chk
+            if lo >= upto:
+                break
+            if cursor >= hi:
                 continue
-            c.verify(memoryview(region.numpy()), a, name=op.fqn, rank=ref.rank)
-            done.add(key)
+            c = ref.chunk
+            end = hi if upto >= hi else lo + (upto - lo) // c.block_size * c.block_size
+            if end <= cursor:
+                continue
+            chk[6] = end
+            try:
+                c.verify(buf[cursor - sa : end - sa], cursor - c.byte_offset,
+                         name=self.plan.ops[ops[0]].fqn, rank=ref.rank)
+            except ChecksumError as e:
+                chk[6] = hi
+                for i in ops:
+                    bad.setdefault(i, e)
+
+    def _read_fused(self, ri: int, segs, bad: dict[int, ChecksumError]) -> None:
+        """Read ``ri`` in pieces of the reader's ``read_piece`` bytes (the filesystem: 1 MiB), verifying each
+        piece's blocks right after it is read (one pass over the bytes while they are cache-hot;
+        the kernel's readahead keeps the device busy meanwhile). A reader without ``read_piece``
+        (S3: one ranged GET per read) fills the whole read in one scatter read, then verifies."""
+        r = self.plan.reads[ri]
+        piece = getattr(self.reader, "read_piece", None) or r.byte_length
+        checks = self._checks(ri, segs)
+        end = r.byte_offset + r.byte_length
+        pos = r.byte_offset
+        arrays = [memoryview(seg[2].numpy()) for seg in segs]
+        k = 0  # first segment not fully read
+        while pos < end:
+            stop = min(end, pos + piece)
+            views = []
+            while k < len(segs) and segs[k][0] < stop:
+                sa, sb = segs[k][0], segs[k][1]
+                views.append(arrays[k][max(pos, sa) - sa : min(stop, sb) - sa])
+                if sb <= stop:
+                    k += 1
+                else:
+                    break
+            self.reader.read_into(self.plan.step, r.rank, pos, views)
+            self._verify_upto(checks, stop, bad)
+            pos = stop
 
     def do_read(self, ri: int) -> None:
         r = self.plan.reads[ri]
         step = self.plan.step
         segs: Any = None
+        bad: dict[int, ChecksumError] = {}
         try:
             if hasattr(self.reader, "read_into"):
                 segs = self._segments(ri)
-                self.reader.read_into(step, r.rank, r.byte_offset, [seg[2].numpy() for seg in segs])
+                self._read_fused(ri, segs, bad)
             else:
                 data = self.reader.read(step, r.rank, r.byte_offset, r.byte_length)
                 if len(data) != r.byte_length:
                     raise StorageError(f"short read of rank {r.rank}'s blob: {len(data)} of {r.byte_length} bytes",
                                        rank=r.rank, step=step)
                 segs = [(r.byte_offset, r.byte_offset + r.byte_length, _u8(data), None)]
+                self._verify_upto(self._checks(ri, segs), r.byte_offset + r.byte_length, bad)
             err = None
         except StorageError as e:  # the read itself failed: every op of it needs another copy
             segs, err = None, e
-        bad: dict[int, ChecksumError] = {}
-        if segs is not None:  # verify op by op: a corrupt chunk fails over alone
-            done: set = set()
-            for i in r.ops:
-                try:
-                    self._verify(self.plan.ops[i], self.plan.ops[i].copies[0], segs, done)
-                except ChecksumError as e:
-                    bad[i] = e
         ready = []
         with self.lock:
             self.report.read_bytes += r.byte_length
@@ -271,6 +333,7 @@ class _Executor:
 
     def run(self, threads: int) -> LoadReport:
         errors: list[BaseException] = []
+        threads = min(threads, getattr(self.reader, "read_threads", None) or threads)
         if threads <= 1 or len(self.plan.reads) <= 1:
             for ri in range(len(self.plan.reads)):
                 self.do_read(ri)
@@ -295,9 +358,10 @@ def execute_load(plan: LoadPlan, manifest: Manifest, reader: Any, into: MutableM
                  *, threads: int = 4) -> LoadReport:
     """Run ``plan``: fill the tensors of ``into`` in place and set its byte entries.
 
-    Reads run on ``threads`` threads. A chunk whose primary copy fails verification or
-    cannot be read is read from the next copy; when none is left the first error
-    (:class:`ChecksumError` or :class:`StorageError`, naming the tensor and chunk) is raised
-    and ``into`` may be partly written.
+    Reads run on ``threads`` threads (at most the reader's ``read_threads``: one for the filesystem,
+    whose reads stream fastest in order, each verified piece by piece as it arrives). A chunk
+    whose primary copy fails verification or cannot be read is read from the next copy; when
+    none is left the first error (:class:`ChecksumError` or :class:`StorageError`, naming the
+    tensor and chunk) is raised and ``into`` may be partly written.
     """
     return _Executor(plan, manifest, reader, into).run(threads)

@@ -103,7 +103,7 @@ class ChunkMeta:
     @classmethod
     def from_list(cls, v: Sequence) -> ChunkMeta:
         offsets, lengths, bo, bl, crc, block_size, packed = v
-        blocks = tuple(int(x) for x in np.frombuffer(base64.b64decode(packed), dtype="<u4")) if packed else (int(crc),)
+        blocks = tuple(np.frombuffer(base64.b64decode(packed), dtype="<u4").tolist()) if packed else (int(crc),)
         if len(blocks) != max(1, -(-int(bl) // int(block_size))):
             raise ValueError(f"chunk at {offsets} lists {len(blocks)} block checksums for {bl} bytes")
         return cls(tuple(offsets), tuple(lengths), int(bo), int(bl), int(crc), int(block_size), blocks)

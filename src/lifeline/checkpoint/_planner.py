@@ -192,13 +192,15 @@ def plan_load(
                 covered += math.prod(lens)
                 src = tuple(o - c for o, c in zip(offs, c_off))
                 dst = tuple(p + o - g for p, o, g in zip(piece.offsets, offs, piece.global_offsets))
-                starts, run = _runs(src, lens, c_len, itemsize)
                 size = refs[0].chunk.byte_length
-                ops.append(CopyOp(
-                    fqn, record.dtype, piece, dst, lens, c_len, src,
-                    _order_copies(refs, rank, same), tuple(_block_intervals(starts, run, refs[0].chunk.block_size, size)),
-                    (int(starts[0]), int(starts[-1]) + run),
-                ))
+                if tuple(lens) == tuple(c_len):  # the whole chunk: one interval, nothing to compute
+                    intervals, span = ((0, size),), (0, size)
+                else:
+                    starts, run = _runs(src, lens, c_len, itemsize)
+                    intervals = tuple(_block_intervals(starts, run, refs[0].chunk.block_size, size))
+                    span = (int(starts[0]), int(starts[-1]) + run)
+                ops.append(CopyOp(fqn, record.dtype, piece, dst, lens, c_len, src, _order_copies(refs, rank, same),
+                                  intervals, span))
             if covered != piece.numel:
                 raise ManifestError(
                     f"tensor {fqn!r}: stored chunks cover {covered} of {piece.numel} elements of box "
