@@ -117,3 +117,13 @@ def test_rank_processes_env_is_the_operators_pod_resolved(tmp_path, monkeypatch)
     assert trainer.steps == 12 and trainer.model["seed"] == 7 and trainer.model["d_model"] == 32
     assert trainer.collective_timeout_seconds == 20  # the template's own env reaches the trainer
     assert procs.trainer.env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_negative_spare_counts_name_the_option(tmp_path):
+    from lifeline.errors import ConfigError
+    from lifeline.launch.supervisor import LaunchOptions
+
+    for name in ("spares_per_node", "standby_nodes"):
+        with pytest.raises(ConfigError) as err:
+            LaunchOptions(state_dir=tmp_path, **{name: -1})
+        assert err.value.field == name and f"--{name.replace('_', '-')}" in str(err.value)

@@ -143,3 +143,55 @@ def test_replacement_after_step_9_restores_and_ends_bit_identical(reference, tmp
     assert summary["phase"] == "Succeeded"
     assert [r["action"] for r in summary["recoveries"]] == ["ReplacePods"], summary["recoveries"]
     assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
+
+
+def test_spares_take_over_in_place_and_on_a_replacement_node_and_the_run_ends_bit_identical(reference, tmp_path):
+    """With a warm pool, the crashed trainer restarts in its node's pre-warmed spare and the lost
+    node's rank starts in the standby node's spare sidecar and trainer; the result is unchanged."""
+    ref, _ = reference
+    job = write_job(tmp_path / "job.yaml", job_doc("spares"))
+    state = tmp_path / "state"
+    summary = lifeline_run(job, state, "--persist-uri", str(tmp_path / "l2"), "--warm-start",
+                           "--inject-failure", "trainer:rank=1:step=3", "--inject-failure", "node:rank=2:step=7")
+    assert summary["phase"] == "Succeeded"
+    got = [(r["action"], r["tier"], r["ranks"], r["spares"]) for r in summary["recoveries"]]
+    assert got == [("RestartInPlace", "L0", [1], 1), ("ReplacePods", "L1", [2], 1)], summary["recoveries"]
+    assert all(r["steps_lost"] <= 1 for r in summary["recoveries"])
+
+    def lines(name: str) -> list[dict]:
+        text = (state / "logs" / name).read_text(errors="replace")
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    # the in-place incarnation of rank 1 is a spare: assigned, then the runtime's init in generation 1
+    in_place = lines("rank-1-node-1-trainer.log")
+    assigned = [i for i, e in enumerate(in_place) if e["event"] == "spare_assigned"]
+    assert len(assigned) == 1 and in_place[assigned[0] + 1]["event"] == "init"
+    assert in_place[assigned[0] + 1]["generation"] == 1
+    # rank 2 on the standby node: both containers came from spares, and the trainer restored step 7's
+    # shard from its peer's L1 copy through the new sidecar
+    sidecar, trainer = lines(f"rank-2-node-{WORLD}-sidecar.log"), lines(f"rank-2-node-{WORLD}-trainer.log")
+    assert sidecar[0]["event"] == "spare_assigned" and trainer[0]["event"] == "spare_assigned"
+    restores = [e for e in trainer if e["event"] == "restore"]
+    assert [(e["generation"], e["step"]) for e in restores] == [(2, summary["recoveries"][1]["restore_step"])]
+    assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
+
+
+def test_a_survivor_stuck_in_the_old_generation_is_restarted_in_place_and_the_run_ends_bit_identical(
+        reference, tmp_path):
+    """Rank 2 is frozen (SIGSTOP) and rank 1 crashes in the same step: rank 2 never reads the plan
+    (nor does a survivor blocked in a collective with it: a frozen process keeps its sockets open),
+    so the supervisor kills them and starts them again in their nodes' spares, within the same plan
+    (no second generation)."""
+    ref, _ = reference
+    job = write_job(tmp_path / "job.yaml", job_doc("straggler"))
+    summary = lifeline_run(job, tmp_path / "state", "--persist-uri", str(tmp_path / "l2"), "--warm-start",
+                           "--inject-failure", "hang:rank=2:step=4", "--inject-failure", "trainer:rank=1:step=4")
+    assert summary["phase"] == "Succeeded"
+    (rec,) = summary["recoveries"]
+    assert rec["action"] == "RestartInPlace" and rec["ranks"] == [1], rec
+    # the frozen rank, and any survivor blocked in a collective with it (its sockets stay open)
+    assert 2 in rec["stragglers"] and set(rec["stragglers"]) <= {0, 2, 3}, rec
+    for rank in rec["stragglers"]:
+        restores = [e for e in trainer_events(tmp_path / "state") if e.get("event") == "restore" and e["rank"] == rank]
+        assert [e["generation"] for e in restores] == [1], f"stuck rank {rank} did not rejoin the plan's generation"
+    assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from lifeline.checkpoint import (
@@ -68,3 +70,117 @@ def test_tier_steps_needs_every_rank():
     h = {Holding(3, 0, "L0", 0), Holding(3, 1, "L0", 1), Holding(4, 0, "L0", 0), Holding(3, 0, "L1", 1),
          Holding(2, 0, "L2"), Holding(2, 1, "L2")}
     assert tier_steps(frozenset(h), 2) == {"L0": 3, "L1": None, "L2": 2}
+
+
+def _await_ready(spare, timeout: float = 120.0) -> None:
+    from lifeline._poll import wait_for
+
+    wait_for(spare.ready, timeout, "the spare to finish its imports", 0.02)
+
+
+def test_a_spare_becomes_the_assigned_python_command_with_its_env_log_and_exit_code(tmp_path):
+    import os
+    import sys
+
+    from lifeline.launch.env import ProcessSpec
+    from lifeline.launch.spares import Spare
+
+    script = tmp_path / "container.py"
+    script.write_text("import os, sys, json\n"
+                      "print(json.dumps({'x': os.environ.get('LIFELINE_X'), 'inherited': os.environ.get('ONLY_SPARE'),"
+                      " 'argv': sys.argv[1:], 'json_loaded': 'json' in sys.modules}))\n"
+                      "sys.exit(3)\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}
+    spare = Spare.start("node-0", "trainer", {**base, "ONLY_SPARE": "1"}, tmp_path / "spare.log", modules=["json"])
+    try:
+        _await_ready(spare)
+        proc = spare.assign(ProcessSpec((sys.executable, str(script), "a", "b"), {**base, "LIFELINE_X": "rank-env"}),
+                            tmp_path / "trainer.log")
+        assert proc.wait(timeout=60) == 3  # the container's exit code is the process's
+    finally:
+        spare.stop()
+    lines = [json.loads(line) for line in (tmp_path / "trainer.log").read_text().splitlines() if line.startswith("{")]
+    assert lines[0]["event"] == "spare_assigned" and lines[0]["pid"] == proc.pid
+    # exactly the assigned environment (nothing the spare was started with), the container's argv
+    assert lines[1] == {"x": "rank-env", "inherited": None, "argv": ["a", "b"], "json_loaded": True}
+
+
+def test_a_spare_runs_python_modules_in_process_and_execs_other_commands(tmp_path):
+    import os
+    import sys
+
+    from lifeline.launch.env import ProcessSpec
+    from lifeline.launch.spares import Spare
+
+    (tmp_path / "in.json").write_text('{"b": 1, "a": [2]}')
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}
+    module = Spare.start("node-0", "trainer", base, tmp_path / "s1.log", modules=["json"])
+    shell = Spare.start("node-1", "sidecar", base, tmp_path / "s2.log", modules=[])
+    try:
+        _await_ready(module)
+        _await_ready(shell)
+        p1 = module.assign(ProcessSpec((sys.executable, "-m", "json.tool", "--sort-keys", str(tmp_path / "in.json")),
+                                       base), tmp_path / "m.log")
+        p2 = shell.assign(ProcessSpec(("/bin/sh", "-c", "echo sh:$LIFELINE_Y; exit 4"), {**base, "LIFELINE_Y": "y"}),
+                          tmp_path / "sh.log")
+        assert p1.wait(timeout=60) == 0 and p2.wait(timeout=60) == 4
+    finally:
+        module.stop()
+        shell.stop()
+    text = (tmp_path / "m.log").read_text()
+    assert json.loads(text[text.index("\n{") + 1:]) == {"a": [2], "b": 1}
+    assert (tmp_path / "sh.log").read_text().splitlines()[-1] == "sh:y"
+
+
+def test_a_spare_pool_fills_one_at_a_time_and_hands_out_spares_by_node_and_role(tmp_path, monkeypatch):
+    import os
+
+    import lifeline.launch.spares as spares
+
+    monkeypatch.setattr(spares, "PRELOAD", {"trainer": ("json",), "sidecar": ("json",)})  # light spares
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}
+    pool = spares.SparePool({"trainer": base, "sidecar": base}, tmp_path)
+    wanted = [("node-0", "trainer", 1), ("node-4", "sidecar", 1), ("node-4", "trainer", 1)]
+    try:
+        first = pool.fill(wanted)
+        assert first is not None and (first.node, first.role) == ("node-0", "trainer")
+        assert pool.fill(wanted) is None  # one at a time: the first is still importing
+        _await_ready(first)
+        second = pool.fill(wanted)
+        assert (second.node, second.role) == ("node-4", "sidecar")
+        assert pool.take("node-1", "trainer") is None
+        assert pool.take("node-0", "trainer") is first and pool.take("node-0", "trainer") is None
+        first.stop()
+        _await_ready(second)
+        pool.fill([("node-0", "trainer", 1)])  # node-4 is no longer wanted: its spare is stopped
+        assert second.proc.poll() is not None
+        assert {(s.node, s.role) for s in pool.spares} == {("node-0", "trainer")}
+    finally:
+        pool.close()
+    assert pool.spares == [] and pool.pids() == []
+
+
+def test_the_supervisor_rides_out_a_catalog_outage_then_fails_naming_it(tmp_path):
+    import socket
+
+    import pytest
+
+    from lifeline.errors import CatalogError
+    from lifeline.launch.spec import load_for_launch
+    from lifeline.launch.supervisor import CATALOG_OUTAGE_SECONDS, LaunchOptions, Supervisor
+
+    from ._jobs import job_doc
+
+    with socket.socket() as s:  # a port nobody listens on: Redis is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sup = Supervisor(load_for_launch(job_doc("outage")), LaunchOptions(state_dir=tmp_path))
+    sup.catalog = Catalog(f"redis://127.0.0.1:{port}", "outage", 4)
+    try:
+        assert sup._read_catalog(1000.0) is None  # one missed round is retried, not fatal
+        assert sup._read_catalog(1000.0 + CATALOG_OUTAGE_SECONDS / 2) is None
+        with pytest.raises(CatalogError):
+            sup._read_catalog(1000.0 + CATALOG_OUTAGE_SECONDS + 1)
+        assert any("catalog unavailable" in e for e in sup.snapshot.events)
+    finally:
+        sup.catalog.close()

@@ -11,12 +11,25 @@ Rows (all measured in the same run, the same 4-rank GPT-MoE job, PP=2 x DP=2):
 * ``dcp_restart_all`` — the baseline: a trainer is killed; every rank is restarted (as a job
   without Lifeline is, e.g. by TorchElastic) and loads the latest ``torch.distributed.checkpoint``
   checkpoint from MinIO (saved every ``persist_every`` steps, like Lifeline's L2).
+* ``cold`` — ``in_place_l0`` and ``replace_l1`` again with spares off (every restarted container
+  a fresh process): what the spares buy, measured in the same run.
 * ``ettr`` — a ``lifeline run`` of about ``duration`` seconds of training with failures (trainer
   crashes and node losses alternating, on seeded random ranks) at exponential inter-arrival times
   of mean ``mtbf``; ETTR (kept step time over wall time) overall and after start-up.
 
 Time to resume counts from the kill to every rank having trained past the step the job had
 reached (rework included); ``detect_seconds`` is the part until the supervisor acted.
+
+Lifeline's rows run with pre-warmed spare processes (``lifeline.launch.spares``; the pool is warm
+before the ranks start, so the first failure meets it) and carry ``breakdown``: seconds from the
+kill to each point of the recovery, from the supervisor's record and the trainers' event lines —
+``noticed`` (supervisor saw the exit), ``survivors_failed`` (the last survivor reported its
+collective error), ``planned``, ``published`` (plan in the catalog), ``launched`` (spares
+assigned / processes started), ``survivors_saw_plan``, ``replacement_init`` (the new trainer
+entered ``init()``: imports done, settings read), ``joined`` (every rank's process group and
+sub-groups built), ``restored``, ``first_step`` (every rank trained one step of the new
+generation), ``caught_up``; plus ``join_seconds`` (the slowest rank's rendezvous, barrier,
+process-group and sub-group times) and ``restore_seconds`` (the slowest restore).
 """
 
 from __future__ import annotations
@@ -36,6 +49,9 @@ __all__ = ["run"]
 MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_expert": 64, "seq_len": 64, "micro_batch": 2,
          "micro_batches": 2, "corpus_bytes": 1 << 18}
 ENV = {"LIFELINE_COLLECTIVE_TIMEOUT_SECONDS": "20"}
+SLOT_BYTES = 8 << 20
+"""Arena slot of Lifeline's rows: a rank's shard is 1.1 MB; a replacement sidecar allocates (and
+pre-faults) its slots before it serves, so the launcher's 64 MiB default would time page zeroing."""
 
 
 def _doc(name: str, steps: int, persist_every: int, l2: str) -> dict:
@@ -52,20 +68,86 @@ def _doc(name: str, steps: int, persist_every: int, l2: str) -> dict:
     }
 
 
-def _lifeline(root: Path, steps: int, persist_every: int, fail_steps: tuple[int, int]) -> dict[str, Any]:
+def _events(log_dir: Path) -> list[dict]:
+    """Every JSON event line of every trainer log (all ranks, all incarnations)."""
+    out = []
+    for log in sorted(log_dir.glob("*-trainer.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return out
+
+
+def breakdown(rec: dict[str, Any], events: list[dict], world_size: int) -> dict[str, Any]:
+    """Where one recovery's time went (see the module docstring): seconds since the failure.
+
+    Args:
+        rec: a ``RecoveryRecord.to_dict()`` with its ``timeline``.
+        events: the trainers' event lines (:func:`_events`).
+        world_size: ranks of the job.
+    """
+    tl = rec["timeline"]
+    t0 = tl.get("failed_at", tl.get("noticed_at"))
+    end = tl.get("caught_up_at", t0 + 3600)
+    g, failed = rec["generation"], set(rec["ranks"])
+    window = [e for e in events if t0 - 0.001 <= float(e.get("time", 0)) <= end + 0.001]
+
+    def last(items) -> float | None:
+        times = [float(e["time"]) for e in items]
+        return round(max(times) - t0, 4) if times else None
+
+    firsts: dict[int, float] = {}
+    for e in window:
+        if e.get("event") == "step" and e.get("generation") == g:
+            firsts.setdefault(int(e["rank"]), float(e["time"]))
+    points = {
+        "noticed": tl.get("noticed_at"), "planned": tl.get("planned_at"), "published": tl.get("published_at"),
+        "launched": tl.get("launched_at"),
+    }
+    out = {k: None if v is None else round(max(0.0, v - t0), 4) for k, v in points.items()}
+    out["survivors_failed"] = last(e for e in window if e.get("event") == "failure" and e.get("generation") == g - 1
+                                   and e.get("rank") not in failed)
+    out["survivors_saw_plan"] = last(e for e in window if e.get("event") == "plan" and e.get("plan_generation") == g)
+    out["replacement_init"] = last(e for e in window if e.get("event") == "init" and e.get("generation") == g)
+    out["joined"] = last(e for e in window if e.get("event") == "join" and e.get("generation") == g)
+    out["restored"] = last(e for e in window if e.get("event") == "restore" and e.get("generation") == g)
+    out["first_step"] = round(max(firsts.values()) - t0, 4) if len(firsts) == world_size else None
+    out["caught_up"] = rec.get("to_same_step_seconds")
+    order = ["noticed", "survivors_failed", "planned", "published", "launched", "survivors_saw_plan",
+             "replacement_init", "joined", "restored", "first_step", "caught_up"]
+    joins = [e for e in window if e.get("event") == "join" and e.get("generation") == g]
+    restores = [e for e in window if e.get("event") == "restore" and e.get("generation") == g]
+    return {
+        "breakdown": {k: out[k] for k in order},
+        "join_seconds": {k: max((float(e.get(k, 0)) for e in joins), default=None)
+                         for k in ("rendezvous", "barrier", "process_group", "connect")},
+        "restore_seconds": max((float(e.get("seconds") or 0) for e in restores), default=None),
+    }
+
+
+def _lifeline(root: Path, steps: int, persist_every: int, fail_steps: tuple[int, int],
+              spares: bool = True) -> dict[str, Any]:
     from lifeline.launch.inject import Injection
     from lifeline.launch.spec import load_for_launch
     from lifeline.launch.supervisor import LaunchOptions, Supervisor
 
     job = load_for_launch(_doc("bench-lifeline", steps, persist_every, f"file://{root / 'l2'}"))
     injections = (Injection("trainer", 1, fail_steps[0]), Injection("node", 2, fail_steps[1]))
-    sup = Supervisor(job, LaunchOptions(state_dir=root / "lifeline", injections=injections, timeout_seconds=1200))
+    sup = Supervisor(job, LaunchOptions(state_dir=root / "lifeline", injections=injections, timeout_seconds=1200,
+                                        spares_per_node=1 if spares else 0, warm_start=spares,
+                                        slot_bytes=SLOT_BYTES))
     phase = sup.run()
     recs = sup.snapshot.recoveries
     step_s = sorted(v for v in sup.step_seconds.values() if v > 0)
     out = {"phase": phase, "step_seconds": step_s[len(step_s) // 2] if step_s else None}
+    events = _events(root / "lifeline" / "logs")
     for name, rec in zip(("in_place_l0", "replace_l1"), recs):
-        out[name] = {k: v for k, v in rec.to_dict().items() if k not in ("failures", "generation")}
+        full = rec.to_dict()
+        out[name] = {k: v for k, v in full.items() if k not in ("failures", "generation", "timeline")}
+        out[name].update(breakdown(full, events, 4))
     return out
 
 
@@ -92,7 +174,8 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
             spec = rank_processes(job, rank, layout=job.spec.layout, generation=0, node=f"node-{rank}",
                                   pod_ip=f"127.0.0.{rank + 2}", arena_dir=root / f"unused-{rank}", redis_url=redis.url,
                                   secrets=Secrets("b" * 32), extra_env=extra)
-            env = {**spec.trainer.env, "LIFELINE_CHECKPOINT_EVERY": str(persist_every)}
+            # the pod's own S3 variables (empty: no L2 in this job) must not hide the DCP store's
+            env = {**spec.trainer.env, **extra, "LIFELINE_CHECKPOINT_EVERY": str(persist_every)}
             log = open(root / f"dcp-rank-{rank}.log", "ab")
             try:
                 return subprocess.Popen([sys.executable, "-m", "lifeline.bench._dcp_trainer"], env=env,
@@ -131,6 +214,7 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
         catalog.put_plan(1, {"generation": 1, "restore_step": restore, "action": "RestartAll"})
         killed = False
         procs = {r: start(r) for r in range(4)}
+        restarted_at = time.time()
 
         def caught_up() -> bool:
             rep = reports()
@@ -139,9 +223,22 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
 
         wait(caught_up, 900, "the restarted job to pass the failed step")
         caught = time.time()
+        events = []
+        for log in sorted(root.glob("dcp-rank-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    try:
+                        events.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+        rec = {"generation": 1, "ranks": [], "to_same_step_seconds": round(caught - failed_at, 3),
+               "timeline": {"failed_at": failed_at, "launched_at": restarted_at, "caught_up_at": caught}}
+        detail = breakdown(rec, events, 4)
+        kept = ("launched", "replacement_init", "joined", "restored", "first_step", "caught_up")
+        detail["breakdown"] = {k: v for k, v in detail["breakdown"].items() if k in kept}
         return {"from_step": from_step, "restore_step": restore,
                 "steps_lost": None if restore is None else from_step - restore,
-                "to_same_step_seconds": round(caught - failed_at, 3), "tier": "DCP in MinIO"}
+                "to_same_step_seconds": round(caught - failed_at, 3), "tier": "DCP in MinIO", **detail}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -170,8 +267,11 @@ def _ettr(root: Path, duration: float, mtbf: float, step_seconds: float, persist
             step = injections[-1].step + 3  # one failure at a time: the next after training resumed
         injections.append(Injection(kinds[len(injections) % 2], rng.randrange(4), step))
     job = load_for_launch(_doc("bench-ettr", steps, persist_every, f"file://{root / 'l2-ettr'}"))
-    sup = Supervisor(job, LaunchOptions(state_dir=root / "ettr", injections=tuple(injections),
-                                        timeout_seconds=max(1200.0, 20 * duration)))
+    # a lost node stays lost: one free node per node failure (and one more), so none needs a reshard;
+    # spares warm in the background once training runs (no warm start: start-up counts against ETTR)
+    nodes = sum(i.kind == "node" for i in injections) + 1
+    sup = Supervisor(job, LaunchOptions(state_dir=root / "ettr", injections=tuple(injections), spare_nodes=nodes,
+                                        slot_bytes=SLOT_BYTES, timeout_seconds=max(1200.0, 20 * duration)))
     t0 = time.monotonic()
     phase = sup.run()
     wall = time.monotonic() - t0
@@ -183,11 +283,14 @@ def _ettr(root: Path, duration: float, mtbf: float, step_seconds: float, persist
     return {"phase": phase, "duration_target_seconds": duration, "mtbf_seconds": mtbf, "steps": steps,
             "failures_injected": [str(i) for i in injections], "recoveries": len(s["recoveries"]),
             "wall_seconds": s["wall_seconds"], "startup_seconds": round(startup, 3), "step_seconds": s["step_seconds"],
-            "recovery_seconds": s["recovery_seconds"], "ettr": s["ettr"], "ettr_after_startup": steady}
+            "recovery_seconds": s["recovery_seconds"], "ettr": s["ettr"], "ettr_after_startup": steady,
+            "to_same_step_seconds": [r["to_same_step_seconds"] for r in s["recoveries"]],
+            "spares_used": sum(r.get("spares", 0) for r in s["recoveries"])}
 
 
 def run(*, steps: int = 40, persist_every: int = 10, fail_step: int = 15, duration: float = 120.0,
-        mtbf: float = 30.0, ettr: bool = True, workdir: str | None = None, seed: int = 0) -> dict[str, Any]:
+        mtbf: float = 30.0, ettr: bool = True, workdir: str | None = None, seed: int = 0,
+        cold: bool = True) -> dict[str, Any]:
     """Run the benchmark; returns one JSON-ready dict (rows in the module docstring, plus ratios).
 
     Args:
@@ -196,6 +299,8 @@ def run(*, steps: int = 40, persist_every: int = 10, fail_step: int = 15, durati
         duration, mtbf: the ETTR run's target training seconds and mean time between failures.
         ettr: also run the ETTR row.
         workdir: directory for state and logs (default: a new temp dir, kept for inspection).
+        cold: also run Lifeline's rows without spares (``cold``: every restarted container is a
+            fresh process), to show what the spares buy.
     """
     root = Path(workdir or tempfile.mkdtemp(prefix="lifeline-bench-recovery-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -206,11 +311,19 @@ def run(*, steps: int = 40, persist_every: int = 10, fail_step: int = 15, durati
         "persist_every": persist_every, "step_seconds": ours["step_seconds"],
         "in_place_l0": ours.get("in_place_l0"), "replace_l1": ours.get("replace_l1"), "dcp_restart_all": base,
     }
+    if cold:
+        slow = _lifeline(root / "cold", steps, persist_every, (fail_step, fail_step + 4), spares=False)
+        out["cold"] = {name: {k: slow[name].get(k) for k in ("to_same_step_seconds", "steps_lost", "detect_seconds",
+                                                            "breakdown")} for name in ("in_place_l0", "replace_l1")
+                       if slow.get(name)}
     b = base["to_same_step_seconds"]
     for name in ("in_place_l0", "replace_l1"):
         row = out[name]
         if row and row.get("to_same_step_seconds"):
             out[f"speedup_{name}_vs_dcp"] = round(b / row["to_same_step_seconds"], 2)
+        slow_row = out.get("cold", {}).get(name)
+        if slow_row and slow_row.get("to_same_step_seconds"):
+            out[f"speedup_{name}_cold_vs_dcp"] = round(b / slow_row["to_same_step_seconds"], 2)
     if ettr and ours["step_seconds"]:
         out["ettr"] = _ettr(root / "ettr", duration, mtbf, ours["step_seconds"], max(persist_every, 50), seed)
     out["workdir"] = str(root)

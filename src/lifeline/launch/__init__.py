@@ -25,6 +25,8 @@ _EXPORTS = {
     "rank_processes": "env",
     "RankProcesses": "env",
     "Secrets": "env",
+    "Spare": "spares",
+    "SparePool": "spares",
     "summarize": "summary",
     "state_digest": "summary",
 }

@@ -31,6 +31,8 @@ class CatalogView:
         holdings: verified copies of the newest steps.
         registered: ranks with a live sidecar registration (the heartbeat).
         complete_step: the latest complete step (``None``: none yet).
+        registered_nodes: rank -> the node its live registration names (a dead pod's registration
+            lives until its TTL; a replacement on another node is not registered by it).
     """
 
     generation: int
@@ -39,6 +41,7 @@ class CatalogView:
     holdings: frozenset[Holding] = frozenset()
     registered: frozenset[int] = frozenset()
     complete_step: int | None = None
+    registered_nodes: Mapping[int, str] = field(default_factory=dict)
 
 
 def read_catalog(catalog, world_size: int) -> CatalogView:
@@ -61,13 +64,15 @@ def read_catalog(catalog, world_size: int) -> CatalogView:
     for s, r in keys:
         pipe.smembers(f"{catalog.prefix}holders:{s}:{r}")
     members = catalog._call(pipe.execute) if keys else []
+    sidecars = catalog.sidecars()
     return CatalogView(
         generation=generation,
         progress=progress_of(raw, generation),
         reports=reports,
         holdings=holdings_of(dict(zip(keys, members)), world_size),
-        registered=frozenset(catalog.sidecars()),
+        registered=frozenset(sidecars),
         complete_step=catalog.latest_complete_step(),
+        registered_nodes={r: str(info.get("node", "")) for r, info in sidecars.items()},
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeline.launch.env import ProcessSpec, RankProcesses
+from lifeline.launch.spares import Spare
 
 __all__ = ["Pod", "start_process", "stop_process", "stop_all"]
 
@@ -41,7 +42,8 @@ def stop_process(proc: subprocess.Popen | None, *, grace: float = 5.0, sig: int 
 class Pod:
     """One rank's incarnation: its processes, node and the generation it was created for.
 
-    ``trainer_exit``/``sidecar_exit`` hold exit codes already acted on (``None`` while running).
+    ``handled`` names the roles whose exit a plan already answered; ``trainer_from_spare`` says
+    whether the current trainer process came from a pre-warmed spare (``start_trainer(spare)``).
     """
 
     spec: RankProcesses
@@ -53,6 +55,8 @@ class Pod:
     started_at: float = field(default_factory=time.time)
     registered_at: float | None = None
     trainer_runs: int = 0
+    trainer_started_at: float | None = None
+    trainer_from_spare: bool = False
 
     @property
     def rank(self) -> int:
@@ -65,16 +69,27 @@ class Pod:
     def _log(self, role: str) -> Path:
         return self.log_dir / f"rank-{self.rank}-{self.node}-{role}.log"
 
-    def start_sidecar(self) -> None:
-        """Start the sidecar on a fresh arena directory (the pod's Memory-backed emptyDir)."""
+    def _launch(self, role: str, spare: Spare | None) -> tuple[subprocess.Popen, bool]:
+        spec = self.spec.trainer if role == "trainer" else self.spec.sidecar
+        if spare is not None:
+            try:
+                return spare.assign(spec, self._log(role)), True
+            except OSError:  # the spare died: start the container the slow way
+                spare.stop()
+        return start_process(spec, self._log(role)), False
+
+    def start_sidecar(self, spare: Spare | None = None) -> None:
+        """Start the sidecar on a fresh arena directory (the pod's Memory-backed emptyDir), in
+        ``spare`` (a pre-warmed process, see :mod:`lifeline.launch.spares`) when given."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
         self.spec.arena_dir.mkdir(parents=True, exist_ok=True)
-        self.sidecar = start_process(self.spec.sidecar, self._log("sidecar"))
+        self.sidecar, _ = self._launch("sidecar", spare)
         self.handled.discard("sidecar")
 
-    def start_trainer(self) -> None:
-        """Start (or restart in place) the trainer process."""
-        self.trainer = start_process(self.spec.trainer, self._log("trainer"))
+    def start_trainer(self, spare: Spare | None = None) -> None:
+        """Start (or restart in place) the trainer process, in ``spare`` when given."""
+        self.trainer_started_at = time.time()
+        self.trainer, self.trainer_from_spare = self._launch("trainer", spare)
         self.trainer_runs += 1
         self.handled.discard("trainer")
 
@@ -87,10 +102,21 @@ class Pod:
         """SIGKILL ``role`` (failure injection) and reap it."""
         stop_process(self.trainer if role == "trainer" else self.sidecar, sig=signal.SIGKILL)
 
-    def stop(self, *, grace: float = 5.0) -> None:
-        """Stop the trainer then the sidecar (SIGTERM, SIGKILL after ``grace``), drop the arena."""
+    def hang(self) -> None:
+        """SIGSTOP the trainer (failure injection: a rank that stops making progress without dying)."""
+        if self.trainer is not None and self.trainer.poll() is None:
+            self.trainer.send_signal(signal.SIGSTOP)
+
+    def stop(self, *, grace: float = 5.0, keep_arena: bool = False) -> None:
+        """Stop the trainer then the sidecar (SIGTERM, SIGKILL after ``grace``), drop the arena
+        (unless ``keep_arena``: freeing a large tmpfs arena takes a while; :meth:`drop_arena` later)."""
         stop_process(self.trainer, grace=grace)
         stop_process(self.sidecar, grace=grace)
+        if not keep_arena:
+            self.drop_arena()
+
+    def drop_arena(self) -> None:
+        """Remove the pod's arena directory (its Memory-backed emptyDir). Never raises."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
 
     def pids(self) -> dict[str, int]:

@@ -14,7 +14,8 @@ def run_command(
     state_dir: Path = typer.Option(None, "--state-dir", help="Logs, arenas, Redis and MinIO data (MinIO serves s3:// L2 URIs). "
                                    "Default: .state/run/<job>. Run again with the same dir to resume from L2."),
     inject_failure: list[str] = typer.Option(None, "--inject-failure", help="KIND:rank=R:step=S with KIND trainer, "
-                                             "sidecar or node (sidecar and trainer together). Repeatable."),
+                                             "sidecar, node (sidecar and trainer together) or hang (SIGSTOP "
+                                             "the trainer). Repeatable."),
     steps: int = typer.Option(None, "--steps", help="Train this many steps instead of spec.steps."),
     persist_uri: str = typer.Option(None, "--persist-uri", help="L2 store instead of spec.checkpoint.persist.uri "
                                     "(s3://bucket/prefix, file:///path or a path)."),
@@ -24,6 +25,12 @@ def run_command(
                                     "replacements (default: as many as ranks)."),
     slot_mib: int = typer.Option(64, "--slot-mib", help="Arena slot size per rank in MiB unless the template "
                                  "sets LIFELINE_SLOT_BYTES."),
+    spares_per_node: int = typer.Option(1, "--spares-per-node", help="Pre-warmed trainer processes per rank's "
+                                        "node, and sidecar + trainer pairs per standby node, that take over a "
+                                        "failed container without Python/torch start-up (0: off)."),
+    standby_nodes: int = typer.Option(1, "--standby-nodes", help="Free nodes that keep spares for replacements."),
+    warm_start: bool = typer.Option(False, "--warm-start", help="Start the ranks only when every spare is ready "
+                                    "(benchmarks, tests)."),
     timeout: float = typer.Option(None, "--timeout", help="Fail the run after this many seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (no live display)."),
 ) -> None:
@@ -43,7 +50,8 @@ def run_command(
     injections = tuple(parse_injection(text, world_size=world, steps=total) for text in inject_failure or ())
     options = LaunchOptions(
         state_dir=state_dir or Path(".state") / "run" / str(spec.name), injections=injections, persist_uri=persist_uri,
-        s3_endpoint=s3_endpoint, spare_nodes=spare_nodes, slot_bytes=slot_mib << 20, timeout_seconds=timeout)
+        s3_endpoint=s3_endpoint, spare_nodes=spare_nodes, slot_bytes=slot_mib << 20, timeout_seconds=timeout,
+        spares_per_node=spares_per_node, standby_nodes=standby_nodes, warm_start=warm_start)
     import signal
     import sys
 

@@ -18,7 +18,7 @@ from lifeline.errors import ConfigError
 
 __all__ = ["KINDS", "Injection", "parse_injection", "random_injections"]
 
-KINDS = ("trainer", "sidecar", "node")
+KINDS = ("trainer", "sidecar", "node", "hang")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ one (generation 1, restore from L2, resharded when the spec's layout changed).
 from __future__ import annotations
 
 import json
+import os
 import secrets as _secrets
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,15 +58,35 @@ from lifeline.launch._pods import Pod
 from lifeline.launch.env import Secrets, node_ip, rank_processes
 from lifeline.launch.inject import Injection
 from lifeline.launch.services import Services, start_services
+from lifeline.launch.spares import SparePool, spare_env
 from lifeline.operator.decide import HEARTBEAT_GRACE_SECONDS
 
-__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Supervisor", "COLLECTIVE_GRACE_SECONDS", "SETTLE_SECONDS"]
+__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Supervisor", "COLLECTIVE_GRACE_SECONDS", "SETTLE_SECONDS",
+           "MIN_SETTLE_SECONDS", "CATALOG_OUTAGE_SECONDS", "STRAGGLER_SECONDS"]
 
 SETTLE_SECONDS = 1.0
-"""Planning waits this long after the first failure signal, so the copies in flight reach the
-catalog first: the dead rank's last save is still being sealed by its sidecar, and survivors
+"""Planning waits at most this long after the first failure signal, so the copies in flight reach
+the catalog first: the dead rank's last save is still being sealed by its sidecar, and survivors
 finish the step they are in (and may evict an older step) before they block. A plan made on the
 settled holdings names a step every rank still holds."""
+
+MIN_SETTLE_SECONDS = 0.05
+"""Planning waits at least this long, and then only until the job is quiet: every live trainer
+has reported a collective failure in the current generation (it is blocked, it saves nothing
+more) and the catalog's holdings did not change between two rounds (the last seals are filed).
+The wait ends at :data:`SETTLE_SECONDS` in any case (a hang, a sidecar failure: nobody reports)."""
+
+CATALOG_OUTAGE_SECONDS = 120.0
+"""The supervisor keeps going through Redis timeouts this long (trainers and sidecars tolerate
+them too); longer, and the run fails with the ``CatalogError``."""
+
+STRAGGLER_SECONDS = 1.5
+"""A surviving trainer that has not read the plan this long after it was published (its latest
+report is neither the runtime's ``plan`` report of this generation nor of a newer generation) is
+stuck — in a collective of the old group, or frozen:
+gloo cannot abort it, and a peer that left may not wake it (seen: a ``recv`` from a rank that had
+torn its group down waited out the whole collective timeout). It is killed and restarted in place
+— in its node's spare — within the same plan (TorchFT kills a process group it cannot abort too)."""
 
 COLLECTIVE_GRACE_SECONDS = 3.0
 """A reported collective error alone becomes a failure only after this long: when a rank dies,
@@ -83,9 +105,18 @@ class LaunchOptions:
         spare_nodes: "nodes" beyond one per rank that replacements can move to (default: as
             many as ranks).
         slot_bytes: arena slot size per rank unless the template sets ``LIFELINE_SLOT_BYTES``.
-        poll_seconds: the supervision round.
+        poll_seconds: the supervision round (a process exit ends a round at once).
         timeout_seconds: give up the whole run after this long (``None``: never).
         extra_env: variables for every process (e.g. shorter timeouts in tests).
+        spares_per_node: pre-warmed trainer processes kept on every node that runs a rank (an
+            in-place restart takes one instead of starting Python and torch), and pre-warmed
+            sidecar + trainer pairs on each standby node (see :mod:`lifeline.launch.spares`);
+            0 turns spares off.
+        standby_nodes: free nodes that keep spares for replacements: the first ones by name,
+            which are the nodes ``lifeline.control`` places replacements on.
+        warm_start: start every spare first and start the ranks only when all are ready (for
+            benchmarks and tests whose first failure must meet a warm pool); otherwise spares warm
+            one at a time in the background once training runs.
     """
 
     state_dir: Path
@@ -97,11 +128,31 @@ class LaunchOptions:
     poll_seconds: float = 0.05
     timeout_seconds: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    spares_per_node: int = 1
+    standby_nodes: int = 1
+    warm_start: bool = False
+
+    def __post_init__(self) -> None:
+        from lifeline.errors import ConfigError
+
+        for name in ("spares_per_node", "standby_nodes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 turns it off), got "
+                                  f"{getattr(self, name)}", field=name)
 
 
 @dataclass
 class RecoveryRecord:
-    """One recovery: when it was acted on and resumed (seconds since epoch), what it did."""
+    """One recovery: when it was acted on and resumed (seconds since epoch), what it did.
+
+    Timeline (seconds since epoch): ``failed_at`` (the kill, for an injected failure), ``noticed_at``
+    (the supervisor saw the first failure signal), ``started_at`` (the round that planned began),
+    ``planned_at`` (``lifeline.control`` returned the plan), ``published_at`` (the plan is in the
+    catalog), ``launched_at`` (every restarted or replacement process started), ``resumed_at``
+    (every rank trained in the new generation), ``caught_up_at`` (every rank past ``from_step``).
+    ``spares`` counts the trainers started from pre-warmed spares; ``stragglers`` lists survivors
+    restarted because they stayed stuck in the old generation (:data:`STRAGGLER_SECONDS`).
+    """
 
     generation: int
     action: str
@@ -112,8 +163,14 @@ class RecoveryRecord:
     tier: str | None
     started_at: float
     failed_at: float | None = None
+    noticed_at: float | None = None
+    planned_at: float | None = None
+    published_at: float | None = None
+    launched_at: float | None = None
     resumed_at: float | None = None
     caught_up_at: float | None = None
+    spares: int = 0
+    stragglers: list[int] = field(default_factory=list)
 
     @property
     def seconds(self) -> float | None:
@@ -140,7 +197,12 @@ class RecoveryRecord:
                 "seconds": None if self.seconds is None else round(self.seconds, 3),
                 "detect_seconds": None if self.failed_at is None else round(self.started_at - self.failed_at, 3),
                 "to_same_step_seconds": None if self.to_same_step_seconds is None
-                else round(self.to_same_step_seconds, 3)}
+                else round(self.to_same_step_seconds, 3), "spares": self.spares, "stragglers": self.stragglers,
+                "timeline": {k: round(v, 4) for k, v in (
+                    ("failed_at", self.failed_at), ("noticed_at", self.noticed_at), ("round_at", self.started_at),
+                    ("planned_at", self.planned_at), ("published_at", self.published_at),
+                    ("launched_at", self.launched_at), ("resumed_at", self.resumed_at),
+                    ("caught_up_at", self.caught_up_at)) if v is not None}}
 
 
 @dataclass
@@ -203,6 +265,10 @@ class Supervisor:
         self.resumed_from: int | None = None
         self.final_view: CatalogView | None = None
         self.digest: dict[str, Any] | None = None
+        self.pool: SparePool | None = None
+        self._pidfds: dict[int, tuple[int, Any]] = {}
+        self._last_holdings: frozenset | None = None
+        self._catalog_down_since: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> str:
@@ -256,16 +322,47 @@ class Supervisor:
             self.catalog.put_plan(start_plan.generation, plan_document(start_plan))
             self.generation = start_plan.generation
             self._event(f"resuming from L2 step {start_plan.restore_step}: {start_plan.reason}")
-        for rank in range(self.layout.world_size):
-            self._create_pod(rank, f"node-{rank}")
+        first = self._rank_spec(0, "node-0")
+        self.pool = SparePool({"trainer": spare_env(first.trainer), "sidecar": spare_env(first.sidecar)},
+                              self.log_dir)
+        if self.options.warm_start:
+            self._warm_pool()
+        for rank in range(self.layout.world_size):  # fresh processes: the spares stay for failures
+            self._create_pod(rank, f"node-{rank}", spares=False)
         self._write_pids()
+
+    def _warm_pool(self) -> None:
+        """Start every spare the ranks' nodes and the standby nodes want, and wait until all are ready.
+
+        Raises:
+            ClusterError: a spare exited before it was ready (its log names why).
+        """
+        from lifeline.errors import ClusterError
+
+        assert self.pool is not None
+        wanted = self._wanted_spares({r: f"node-{r}" for r in range(self.layout.world_size)})
+        while self.pool.fill(wanted, max_warming=None) is not None:
+            pass
+        deadline = time.monotonic() + 600
+        while not all(s.ready() for s in self.pool.spares):
+            if any(not s.alive() for s in self.pool.spares):
+                raise ClusterError(f"a spare process exited while importing; see {self.log_dir}/spare-*.log")
+            if time.monotonic() > deadline:
+                raise ClusterError("spares not ready within 600 s", job=self.name)
+            time.sleep(0.05)
+        self._event(f"{len(self.pool.spares)} spares ready")
 
     def close(self) -> None:
         """Stop every process and server this supervisor started (idempotent)."""
         from lifeline.launch._pods import stop_all
 
+        if self.pool is not None:
+            self.pool.close()
         stop_all(list(self.pods.values()))
         self.pods.clear()
+        for fd, _ in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
         if self.catalog is not None:
             try:
                 self.catalog.close()
@@ -307,7 +404,14 @@ class Supervisor:
         )
 
     # ------------------------------------------------------------------ pods
-    def _create_pod(self, rank: int, node: str) -> Pod:
+    def _create_pod(self, rank: int, node: str, *, spares: bool = True) -> Pod:
+        pod = Pod(self._rank_spec(rank, node), self.generation, self.log_dir)
+        pod.start_sidecar(self._spare(node, "sidecar") if spares else None)
+        pod.start_trainer(self._spare(node, "trainer") if spares else None)
+        self.pods[rank] = pod
+        return pod
+
+    def _rank_spec(self, rank: int, node: str):
         assert self.services is not None
         index = int(node.rsplit("-", 1)[1])
         env = {"LIFELINE_SLOT_BYTES": str(self.options.slot_bytes), **self.options.extra_env}
@@ -318,15 +422,41 @@ class Supervisor:
                 env.update(LIFELINE_S3_ENDPOINT=self.services.s3_endpoint,
                            LIFELINE_S3_ACCESS_KEY=self.services.s3_access_key,
                            LIFELINE_S3_SECRET_KEY=self.services.s3_secret_key)
-        spec = rank_processes(
+        return rank_processes(
             self.job, rank, layout=self.layout, generation=self.generation, node=node, pod_ip=node_ip(index),
             arena_dir=self._arena_dir(rank, node), redis_url=self.services.redis_url, secrets=self.secrets,
             persist_uri=self.services.persist_uri, s3_endpoint=self.services.s3_endpoint, extra_env=env)
-        pod = Pod(spec, self.generation, self.log_dir)
-        pod.start_sidecar()
-        pod.start_trainer()
-        self.pods[rank] = pod
-        return pod
+
+    def _spare(self, node: str, role: str):
+        return None if self.pool is None else self.pool.take(node, role)
+
+    def _refill_spares(self) -> None:
+        """Keep the pool full (one spare started at a time): trainers on the nodes of the ranks,
+        then sidecar + trainer on the standby nodes. Not while a failure is pending or a recovery
+        has not caught up (warming would take CPU from it), nor before the first step."""
+        n = self.options.spares_per_node
+        if self.pool is None or n <= 0 or self.snapshot.phase != "Running" or self._failing_since is not None:
+            return
+        recs = self.snapshot.recoveries
+        if recs and recs[-1].caught_up_at is None:
+            return
+        self.pool.fill(self._wanted_spares({r: p.node for r, p in self.pods.items()}))
+
+    def _wanted_spares(self, node_of_rank: dict[int, str]) -> list[tuple[str, str, int]]:
+        """``(node, role, count)`` in priority order: trainers on the ranks' nodes, then sidecar and
+        trainer on the first ``standby_nodes`` free, ready nodes outside cool-down (by name, the
+        order in which ``lifeline.control`` places replacements)."""
+        n = self.options.spares_per_node
+        if n <= 0:
+            return []
+        now = time.time()
+        used = set(node_of_rank.values())
+        free = sorted(name for name, node in self.nodes.items()
+                      if name not in used and node.ready and self.cool_downs.get(name, 0.0) <= now)
+        wanted = [(node_of_rank[r], "trainer", n) for r in sorted(node_of_rank)]
+        for node in free[:self.options.standby_nodes]:
+            wanted += [(node, "sidecar", n), (node, "trainer", n)]
+        return wanted
 
     def _arena_dir(self, rank: int, node: str) -> Path:
         from lifeline.api.pod import default_arena_dir
@@ -335,10 +465,9 @@ class Supervisor:
 
     def _write_pids(self) -> None:
         assert self.services is not None
-        import os
-
         doc = {"launcher": os.getpid(), **{f"{k}": v for k, v in self.services.pids().items()},
-               "ranks": {str(r): p.pids() for r, p in self.pods.items()}}
+               "ranks": {str(r): p.pids() for r, p in self.pods.items()},
+               "spares": [] if self.pool is None else self.pool.pids()}
         (self.state_dir / "processes.json").write_text(json.dumps(doc, indent=1))
 
     # ------------------------------------------------------------------ supervision
@@ -347,25 +476,31 @@ class Supervisor:
         last_pids = 0.0
         while True:
             now = time.time()
-            view = read_catalog(self.catalog, self.layout.world_size)
+            view = self._read_catalog(now)
+            if view is None:  # Redis did not answer this round: look again (what the operator does)
+                self._wait_round(self.options.poll_seconds)
+                continue
             self._observe_progress(view)
             self._inject(view)
             if self._all_done():
-                self.final_view = read_catalog(self.catalog, self.layout.world_size)
+                self.final_view = self._read_catalog(time.time()) or view
                 return "Succeeded"
             failures = self._failures(view, now)
             if not failures:
                 self._failing_since = None
             elif self._failing_since is None:
-                self._failing_since = now
-            if failures and now - self._failing_since >= SETTLE_SECONDS:
-                self._failing_since = None
+                self._failing_since = time.time()
+            if failures and self._settled(view, now):
+                noticed, self._failing_since = self._failing_since, None
                 plan = self._plan(view, failures, now)
                 if plan.action is RecoveryAction.GIVE_UP:
                     self._event(f"giving up: {plan.reason}")
                     return "Failed"
-                self._apply(plan, view, now)
+                self._apply(plan, view, now, noticed)
+            self._last_holdings = view.holdings
+            self._restart_stragglers(view)
             self._close_recoveries(view)
+            self._refill_spares()
             self._notify()
             if now - last_pids > 1.0:
                 self._write_pids()
@@ -374,7 +509,62 @@ class Supervisor:
                 raise RecoveryError(f"the run did not finish within {self.options.timeout_seconds:.0f} s "
                                     f"(step {self.snapshot.step} of {self.job.spec.steps}); logs in {self.log_dir}",
                                     job=self.name, step=self.snapshot.step)
-            time.sleep(self.options.poll_seconds)
+            settling = self._failing_since is not None  # a plan is near: look again soon
+            self._wait_round(min(self.options.poll_seconds, 0.01) if settling else self.options.poll_seconds)
+
+    def _read_catalog(self, now: float) -> CatalogView | None:
+        """This round's catalog view; ``None`` while Redis does not answer, for at most
+        :data:`CATALOG_OUTAGE_SECONDS` in a row (a loaded Redis can miss the client's 5 s timeout).
+
+        Raises:
+            CatalogError: Redis has not answered for longer than that.
+        """
+        from lifeline.errors import CatalogError
+
+        try:
+            view = read_catalog(self.catalog, self.layout.world_size)
+        except CatalogError as err:
+            if self._catalog_down_since is None:
+                self._catalog_down_since = now
+                self._event(f"catalog unavailable, retrying: {err}")
+            if now - self._catalog_down_since > CATALOG_OUTAGE_SECONDS:
+                raise
+            return None
+        self._catalog_down_since = None
+        return view
+
+    def _wait_round(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less: a pidfd per running process wakes the round when one exits."""
+        live: dict[int, Any] = {}
+        for pod in self.pods.values():
+            for proc in (pod.trainer, pod.sidecar):
+                if proc is not None and proc.returncode is None:
+                    live[proc.pid] = proc
+        for pid in [p for p in self._pidfds if p not in live or self._pidfds[p][1] is not live[p]]:
+            os.close(self._pidfds.pop(pid)[0])
+        for pid, proc in live.items():
+            if pid not in self._pidfds:
+                try:
+                    self._pidfds[pid] = (os.pidfd_open(pid), proc)
+                except (AttributeError, OSError):  # no pidfds (old kernel): the round's sleep still bounds it
+                    continue
+        fds = [fd for fd, _ in self._pidfds.values()]
+        if fds:
+            select.select(fds, [], [], seconds)
+        else:
+            time.sleep(seconds)
+
+    def _settled(self, view: CatalogView, now: float) -> bool:
+        """Whether to plan now (see :data:`MIN_SETTLE_SECONDS` and :data:`SETTLE_SECONDS`)."""
+        assert self._failing_since is not None
+        waited = now - self._failing_since
+        if waited >= SETTLE_SECONDS:
+            return True
+        if waited < MIN_SETTLE_SECONDS or view.holdings != self._last_holdings:
+            return False
+        blocked = {rank for rank, _ in view.progress.failures}
+        live = {rank for rank, pod in self.pods.items() if pod.exit_code("trainer") is None}
+        return live <= blocked
 
     def _all_done(self) -> bool:
         return all(p.exit_code("trainer") == 0 for p in self.pods.values())
@@ -415,6 +605,8 @@ class Supervisor:
                 pod.kill("sidecar")
             if inj.kind == "node":
                 self.nodes[pod.node] = NodeState(pod.node, ready=False, capacity=1)
+            if inj.kind == "hang":
+                pod.hang()
 
     def _failures(self, view: CatalogView, now: float) -> tuple[Failure, ...]:
         signals: list[Signal] = []
@@ -430,8 +622,8 @@ class Supervisor:
                 exit_code = 128 - code if code < 0 else code  # as the kubelet reports a signal: 137 = SIGKILL
                 signals.append(ContainerTerminated(rank, pod.node, role, exit_code,
                                                    "Killed" if code < 0 else "Error"))
-            if rank in view.registered:
-                pod.registered_at = now
+            if rank in view.registered and view.registered_nodes.get(rank, pod.node) in (pod.node, ""):
+                pod.registered_at = now  # (a lost pod's registration on its old node does not count)
             elif pod.registered_at is not None and pod.exit_code("sidecar") is None \
                     and now - pod.registered_at > HEARTBEAT_GRACE_SECONDS:
                 signals.append(HeartbeatExpired(rank, pod.node, now - pod.registered_at))
@@ -465,7 +657,7 @@ class Supervisor:
         self._event(f"generation {plan.generation}: {plan.action.value} — {plan.reason}")
         return plan
 
-    def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float) -> None:
+    def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None = None) -> None:
         for pod in self.pods.values():  # every termination seen so far is answered by this plan
             for role in ("trainer", "sidecar"):
                 if pod.exit_code(role) not in (None, 0):
@@ -478,26 +670,62 @@ class Supervisor:
             generation=plan.generation, action=plan.action.value, failures=[f.describe() for f in plan.failures],
             ranks=sorted({r for f in plan.failures for r in f.ranks}), from_step=view.progress.step,
             restore_step=plan.restore_step, tier=plan.farthest_tier, started_at=now,
-            failed_at=self._injected_at))
+            failed_at=self._injected_at, noticed_at=noticed, planned_at=time.time()))
+        record = self.snapshot.recoveries[-1]
         self._injected_at = None
         if plan.action is RecoveryAction.RESHARD:
             self._reshard(plan)
+            record.published_at = record.launched_at = time.time()
             return
         self.catalog.put_plan(plan.generation, plan_document(plan))
+        record.published_at = time.time()
+        gone = []
         for placement in plan.create_pods:
             old = self.pods.pop(placement.rank, None)
             if old is not None:
-                old.stop(grace=0.5)
+                old.stop(grace=0.5, keep_arena=True)  # its arena is dropped once the replacement runs
+                gone.append(old)
             if placement.node is None:
                 raise RecoveryError(f"no node has room for rank {placement.rank}; run with more --spare-nodes",
                                     job=self.name, rank=placement.rank)
             self._create_pod(placement.rank, placement.node)
         replaced = {p.rank for p in plan.create_pods}
+        started = set(replaced)
         for rank in range(self.layout.world_size):
             pod = self.pods[rank]
             if rank not in replaced and pod.exit_code("trainer") not in (None, 0):
-                pod.start_trainer()  # in place: its sidecar kept the L0 copy
+                started.add(rank)
+                pod.start_trainer(self._spare(pod.node, "trainer"))  # in place: its sidecar kept the L0 copy
+        record.launched_at = time.time()
+        record.spares = sum(self.pods[r].trainer_from_spare for r in started)
+        for old in gone:
+            old.drop_arena()
         self._write_pids()
+
+    def _restart_stragglers(self, view: CatalogView) -> None:
+        """Kill and restart in place every surviving trainer stuck in the old generation (see
+        :data:`STRAGGLER_SECONDS`); the plan stays: it rejoins the plan's generation and restores
+        the plan's step like a restarted rank."""
+        recs = self.snapshot.recoveries
+        if not recs or recs[-1].resumed_at is not None or recs[-1].published_at is None \
+                or recs[-1].action == RecoveryAction.RESHARD.value:
+            return
+        rec = recs[-1]
+        if time.time() - rec.published_at < STRAGGLER_SECONDS:
+            return
+        for rank, pod in self.pods.items():
+            report = view.reports.get(rank, {})
+            if pod.exit_code("trainer") is not None or (pod.trainer_started_at or 0.0) >= rec.started_at:
+                continue  # dead (answered by _failures) or started for this plan
+            if int(report.get("generation", -1)) >= rec.generation or \
+                    int(report.get("plan_generation", -1)) >= rec.generation:
+                continue  # it read the plan (the runtime's "plan" report) or already joined
+            pod.kill("trainer")
+            pod.start_trainer(self._spare(pod.node, "trainer"))
+            rec.stragglers.append(rank)
+            self._event(f"rank {rank} was stuck in generation {rec.generation - 1} {STRAGGLER_SECONDS:.1f} s "
+                        f"after the plan: restarted in place")
+            self._write_pids()
 
     def _reshard(self, plan: RecoveryPlan) -> None:
         """Stop every rank; start the plan's layout from the latest L2 checkpoint."""

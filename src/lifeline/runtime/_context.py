@@ -51,6 +51,8 @@ class RuntimeContext:
         backend: ``"gloo"``, or ``"cpu:gloo,cuda:nccl"`` when a GPU exists.
         catalog: the job's Redis catalog (``None`` for single-rank runs without Redis).
         restarts: recoveries this process went through.
+        join_seconds: where the latest :meth:`join` spent its time (``rendezvous``: the store found
+            or hosted; ``barrier``: every rank connected; ``process_group``: ``init_process_group``).
     """
 
     settings: TrainerSettings
@@ -61,6 +63,7 @@ class RuntimeContext:
     backend: str
     catalog: Any = None
     restarts: int = 0
+    join_seconds: dict[str, float] = field(default_factory=dict)
     _store: Any = field(default=None, repr=False)
 
     @property
@@ -84,6 +87,7 @@ class RuntimeContext:
         """
         s = self.settings
         self.generation = generation
+        t0 = time.perf_counter()
         if self.catalog is None:
             store = dist.HashStore()
         else:
@@ -91,9 +95,13 @@ class RuntimeContext:
                                pod_ip=s.pod_ip, timeout=s.rendezvous_timeout_seconds)
         self._store = store
         prefixed = dist.PrefixStore(f"lifeline/{self.job}/gen/{generation}", store)
+        t1 = time.perf_counter()
         self._await_members(prefixed, generation)
+        t2 = time.perf_counter()
         dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size,
                                 timeout=self.collective_timeout)
+        self.join_seconds = {"rendezvous": round(t1 - t0, 4), "barrier": round(t2 - t1, 4),
+                             "process_group": round(time.perf_counter() - t2, 4)}
 
     def _await_members(self, store, generation: int, poll: float = 0.02) -> None:
         """Store-based join barrier: wait (up to the rendezvous timeout) until every rank of
@@ -191,13 +199,14 @@ class RuntimeContext:
                 generation = sup.generation
 
     # --- progress ------------------------------------------------------------------------------
-    def report(self, event: str, **fields: Any) -> None:
-        """Print one JSON line ``{"event", "job", "rank", "generation", ...fields}`` to stdout and record
-        it as this rank's latest progress in the catalog (hash ``lifeline:<job>:progress``)."""
+    def report(self, event: str, *, record: bool = True, **fields: Any) -> None:
+        """Print one JSON line ``{"event", "job", "rank", "generation", ...fields}`` to stdout and, with
+        ``record``, store it as this rank's latest progress in the catalog (hash
+        ``lifeline:<job>:progress``; timing-only events such as ``join`` are printed only)."""
         line = json.dumps({"event": event, "job": self.job, "rank": self.rank, "generation": self.generation,
-                           "time": round(time.time(), 3), **fields}, sort_keys=True)
+                           "time": round(time.time(), 4), **fields}, sort_keys=True)
         print(line, file=sys.stdout, flush=True)
-        if self.catalog is not None:
+        if record and self.catalog is not None:
             try:
                 redis_call(self.catalog, self.catalog.r.hset, f"{self.catalog.prefix}progress", str(self.rank), line)
             except CatalogError as err:  # progress is best-effort: training goes on while Redis is away
@@ -253,5 +262,6 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
                          generation=0, backend=backend, catalog=catalog)
     generation = settings.generation if settings.generation is not None else ctx.current_generation()
     ctx.generation = generation
+    ctx.report("init", record=False)
     ctx.rejoin(generation)
     return ctx

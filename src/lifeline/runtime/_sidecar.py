@@ -33,19 +33,32 @@ class SidecarCheckpointer:
         settings: the rank's :class:`~lifeline.api.pod.TrainerSettings` (socket, arena, policy,
             ``redis_url`` and ``persist_uri`` for elastic restores).
         layout, rules: the job's layout and the model's pattern rules.
-        client: an existing ``SidecarClient`` (default: connect one from ``settings``).
+        client: an existing ``SidecarClient`` (default: one connected from ``settings`` at first
+            use — a replacement rank joins its generation while its new sidecar is still starting,
+            and only its restore waits for the sidecar).
     """
 
     def __init__(self, settings: Any, layout: Layout, rules: PatternRules, client: Any = None) -> None:
-        if client is None:
-            from lifeline.sidecar import SidecarClient
-
-            client = SidecarClient(settings)
         self.settings = settings
-        self.client, self.layout, self.rules, self.rank = client, layout, rules, settings.rank
+        self._client = client
+        self.layout, self.rules, self.rank = layout, rules, settings.rank
         self._plan = None
         self.last_receipt = None
         self.last_restore = None
+
+    @property
+    def client(self) -> Any:
+        """The ``SidecarClient`` (connected on first use; waits for the sidecar's socket up to
+        ``LIFELINE_CONNECT_TIMEOUT_SECONDS``).
+
+        Raises:
+            SidecarError: no sidecar answered in time.
+        """
+        if self._client is None:
+            from lifeline.sidecar import SidecarClient
+
+            self._client = SidecarClient(self.settings)
+        return self._client
 
     def _plan_for(self, state: Mapping[str, Any]):
         if self._plan is None or not self._plan.matches(state):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,6 +95,13 @@ def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoin
     return trainer
 
 
+def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
+    """``trainer.connect`` on the joined generation, then one ``join`` line with where the join went."""
+    start = time.perf_counter()
+    trainer.connect(ctx.collective_timeout)
+    ctx.report("join", record=False, connect=round(time.perf_counter() - start, 4), **ctx.join_seconds)
+
+
 def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
              checkpointer: Checkpointer) -> tuple[Trainable, int]:
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
@@ -101,13 +109,17 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
     while True:
         trainer.disconnect()
         ctx.teardown()
+        gc.collect(1)  # a young reference cycle (the failure's frames) may still hold the old groups' sockets
         plan = ctx.wait_for_plan()
+        # recorded: the controller sees this rank left the old generation (a rank that never says so
+        # is stuck in a collective it cannot leave, and gets restarted)
+        ctx.report("plan", step=trainer.step, plan_generation=plan.generation, restore_step=plan.restore_step)
         try:
             generation = ctx.rejoin(plan.generation)
             if generation != plan.generation:
                 plan = ctx.plan(generation) or RecoveryPlan(generation, plan.restore_step)
             ctx.restarts += 1
-            trainer.connect(ctx.collective_timeout)
+            _connect(ctx, trainer)
             trainer = _restore(ctx, spec, trainer, checkpointer, plan.restore_step)
             return trainer, plan.restore_step or 0
         except Exception as err:  # noqa: BLE001
@@ -134,8 +146,10 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         RecoveryError: no plan came before ``recovery_timeout_seconds``, or a restore failed.
         Any other exception of the trainer (a bug is not a collective error and is not retried).
     """
+    built = time.perf_counter()
     trainer = model_spec.build(ctx.layout, ctx.rank)
-    trainer.connect(ctx.collective_timeout)
+    built = time.perf_counter() - built
+    _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
     start_step = plan.restore_step if plan is not None else checkpointer.latest_step()
@@ -143,7 +157,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         trainer = _restore(ctx, model_spec, trainer, checkpointer, start_step)
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
-               layout=ctx.layout.to_dict())
+               layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
     last_loss = None
     while trainer.step < steps:
         try:
@@ -164,8 +178,14 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         except Exception as err:  # noqa: BLE001 - classified below
             if not is_collective_error(err) or ctx.catalog is None:
                 raise
-            ctx.report("failure", step=trainer.step, error=f"{type(err).__name__}: {err}"[:500])
-            trainer, step = _recover(ctx, model_spec, trainer, checkpointer)
-            restored.append(step)
+            failed = f"{type(err).__name__}: {err}"[:500]
+        else:
+            continue
+        # Recover outside the except block: the exception's traceback holds the frames of the failed
+        # collective, whose locals reference this generation's process groups; while it lives, their
+        # gloo sockets stay open and peers blocked on this rank wait out their collective timeout.
+        ctx.report("failure", step=trainer.step, error=failed)
+        trainer, step = _recover(ctx, model_spec, trainer, checkpointer)
+        restored.append(step)
     ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
     return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss)
