@@ -68,10 +68,10 @@ def _doc(name: str, steps: int, persist_every: int, l2: str) -> dict:
     }
 
 
-def _events(log_dir: Path) -> list[dict]:
-    """Every JSON event line of every trainer log (all ranks, all incarnations)."""
+def _events(log_dir: Path, pattern: str = "*-trainer.log") -> list[dict]:
+    """Every JSON event line of every trainer log matching ``pattern`` (all ranks, all incarnations)."""
     out = []
-    for log in sorted(log_dir.glob("*-trainer.log")):
+    for log in sorted(log_dir.glob(pattern)):
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 try:
@@ -223,14 +223,7 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
 
         wait(caught_up, 900, "the restarted job to pass the failed step")
         caught = time.time()
-        events = []
-        for log in sorted(root.glob("dcp-rank-*.log")):
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
-                    try:
-                        events.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass
+        events = _events(root, "dcp-rank-*.log")
         rec = {"generation": 1, "ranks": [], "to_same_step_seconds": round(caught - failed_at, 3),
                "timeline": {"failed_at": failed_at, "launched_at": restarted_at, "caught_up_at": caught}}
         detail = breakdown(rec, events, 4)
