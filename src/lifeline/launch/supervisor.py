@@ -30,7 +30,6 @@ import secrets as _secrets
 import select
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from lifeline.control import (
 from lifeline.errors import RecoveryError
 from lifeline.launch._observe import CatalogView, plan_document, read_catalog, seed_l2_holdings, tier_steps
 from lifeline.launch._pods import Pod
+from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot
 from lifeline.launch.env import Secrets, node_ip, rank_processes
 from lifeline.launch.inject import Injection
 from lifeline.launch.services import Services, start_services
@@ -91,136 +91,6 @@ torn its group down waited out the whole collective timeout). It is killed and r
 COLLECTIVE_GRACE_SECONDS = 3.0
 """A reported collective error alone becomes a failure only after this long: when a rank dies,
 its peers report collective errors at once, and the dead process is the cause to act on."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """How to run (``lifeline run`` options).
-
-    Attributes:
-        state_dir: logs, arenas' parent, Redis and MinIO data, the default file L2 store.
-        injections: failures to inject.
-        persist_uri: L2 URI replacing the spec's (``None``: the spec's, see :mod:`.services`).
-        s3_endpoint: an external S3 endpoint for ``s3://`` URIs (``""``: start MinIO).
-        spare_nodes: "nodes" beyond one per rank that replacements can move to (default: as
-            many as ranks).
-        slot_bytes: arena slot size per rank unless the template sets ``LIFELINE_SLOT_BYTES``.
-        poll_seconds: the supervision round (a process exit ends a round at once).
-        timeout_seconds: give up the whole run after this long (``None``: never).
-        extra_env: variables for every process (e.g. shorter timeouts in tests).
-        spares_per_node: pre-warmed trainer processes kept on every node that runs a rank (an
-            in-place restart takes one instead of starting Python and torch), and pre-warmed
-            sidecar + trainer pairs on each standby node (see :mod:`lifeline.launch.spares`);
-            0 turns spares off.
-        standby_nodes: free nodes that keep spares for replacements: the first ones by name,
-            which are the nodes ``lifeline.control`` places replacements on.
-        warm_start: start every spare first and start the ranks only when all are ready (for
-            benchmarks and tests whose first failure must meet a warm pool); otherwise spares warm
-            one at a time in the background once training runs.
-    """
-
-    state_dir: Path
-    injections: tuple[Injection, ...] = ()
-    persist_uri: str | None = None
-    s3_endpoint: str = ""
-    spare_nodes: int | None = None
-    slot_bytes: int = 64 << 20
-    poll_seconds: float = 0.05
-    timeout_seconds: float | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    spares_per_node: int = 1
-    standby_nodes: int = 1
-    warm_start: bool = False
-
-    def __post_init__(self) -> None:
-        from lifeline.errors import ConfigError
-
-        for name in ("spares_per_node", "standby_nodes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 turns it off), got "
-                                  f"{getattr(self, name)}", field=name)
-
-
-@dataclass
-class RecoveryRecord:
-    """One recovery: when it was acted on and resumed (seconds since epoch), what it did.
-
-    Timeline (seconds since epoch): ``failed_at`` (the kill, for an injected failure), ``noticed_at``
-    (the supervisor saw the first failure signal), ``started_at`` (the round that planned began),
-    ``planned_at`` (``lifeline.control`` returned the plan), ``published_at`` (the plan is in the
-    catalog), ``launched_at`` (every restarted or replacement process started), ``resumed_at``
-    (every rank trained in the new generation), ``caught_up_at`` (every rank past ``from_step``).
-    ``spares`` counts the trainers started from pre-warmed spares; ``stragglers`` lists survivors
-    restarted because they stayed stuck in the old generation (:data:`STRAGGLER_SECONDS`).
-    """
-
-    generation: int
-    action: str
-    failures: list[str]
-    ranks: list[int]
-    from_step: int
-    restore_step: int | None
-    tier: str | None
-    started_at: float
-    failed_at: float | None = None
-    noticed_at: float | None = None
-    planned_at: float | None = None
-    published_at: float | None = None
-    launched_at: float | None = None
-    resumed_at: float | None = None
-    caught_up_at: float | None = None
-    spares: int = 0
-    stragglers: list[int] = field(default_factory=list)
-
-    @property
-    def seconds(self) -> float | None:
-        """Failure acted on → every rank trained in the new generation."""
-        return None if self.resumed_at is None else self.resumed_at - self.started_at
-
-    @property
-    def to_same_step_seconds(self) -> float | None:
-        """Failure (the kill, for an injected one; else when it was acted on) → every rank trained
-        past the step the job had reached: time to training resumed at the same step, rework included."""
-        if self.caught_up_at is None:
-            return None
-        return self.caught_up_at - (self.failed_at if self.failed_at is not None else self.started_at)
-
-    @property
-    def steps_lost(self) -> int | None:
-        """Steps of work redone: the step reached minus the step restored."""
-        return None if self.restore_step is None else max(0, self.from_step - self.restore_step)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"generation": self.generation, "action": self.action, "failures": self.failures,
-                "ranks": self.ranks, "from_step": self.from_step, "restore_step": self.restore_step,
-                "steps_lost": self.steps_lost, "tier": self.tier,
-                "seconds": None if self.seconds is None else round(self.seconds, 3),
-                "detect_seconds": None if self.failed_at is None else round(self.started_at - self.failed_at, 3),
-                "to_same_step_seconds": None if self.to_same_step_seconds is None
-                else round(self.to_same_step_seconds, 3), "spares": self.spares, "stragglers": self.stragglers,
-                "timeline": {k: round(v, 4) for k, v in (
-                    ("failed_at", self.failed_at), ("noticed_at", self.noticed_at), ("round_at", self.started_at),
-                    ("planned_at", self.planned_at), ("published_at", self.published_at),
-                    ("launched_at", self.launched_at), ("resumed_at", self.resumed_at),
-                    ("caught_up_at", self.caught_up_at)) if v is not None}}
-
-
-@dataclass
-class Snapshot:
-    """What the progress display shows (updated every round)."""
-
-    job: str
-    steps: int
-    layout: LayoutSpec
-    phase: str = "Pending"
-    generation: int = 0
-    step: int = 0
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    tiers: dict[str, int | None] = field(default_factory=dict)
-    recoveries: list[RecoveryRecord] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
-    started_at: float = field(default_factory=time.time)
 
 
 class Supervisor:
