@@ -31,6 +31,18 @@ class CountingStorage:
         self.inner.get_into(key, offset, out)
         self._count(key, sum(len(memoryview(b).cast("B")) for b in (out if isinstance(out, list) else [out])))
 
+    def get_pieces_into(self, key, pieces):
+        starts = []
+
+        def tap():
+            for offset, out in pieces:
+                starts.append(offset)
+                yield offset, out
+
+        for stop in self.inner.get_pieces_into(key, tap()):
+            self._count(key, stop - starts.pop(0))
+            yield stop
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
 

@@ -10,7 +10,7 @@ app = typer.Typer(no_args_is_help=True)
 @app.command("checkpoint")
 def checkpoint_command(
     size_mib: int = typer.Option(256, "--size-mib", help="State size in MiB (float32 tensors)."),
-    tensors: int = typer.Option(128, "--tensors", help="Number of tensors (float32, [rows, 1024])."),
+    tensors: int = typer.Option(128, "--tensors", help="Number of tensors (float32, each rows x 1024)."),
     repeats: int = typer.Option(5, "--repeats", help="Repeats per row (the median is reported)."),
     minio: bool = typer.Option(True, "--minio/--no-minio", help="Also measure on a MinIO server started here."),
     reshard_from: int = typer.Option(4, "--reshard-from", help="Ranks saving (reshard row)."),

@@ -196,25 +196,39 @@ class FilesystemStorage:
     def get_into(self, key: str, offset: int, out: Any) -> None:
         """Read bytes of ``key`` from ``offset`` straight into ``out``: a writable buffer, or a list of
         them filled one after the other (one ``preadv`` scatter read)."""
-        views = [v for v in _views(out) if len(v)]
-        total = sum(len(v) for v in views)
+        for _ in self.get_pieces_into(key, [(offset, out)]):
+            pass
+
+    def get_pieces_into(self, key: str, pieces: Iterable[tuple[int, Any]]) -> Iterator[int]:
+        """Fill each ``(offset, out)`` of ``pieces`` in order (``out`` as in :meth:`get_into`) from one
+        open file, yielding the end offset (bytes) of each piece once it is filled: the loader's
+        reader thread streams a blob piece by piece while another thread verifies the pieces read.
+
+        Raises :class:`StorageError` naming the key when the file is missing or a range lies
+        outside it (before that piece is read).
+        """
         try:
             fd = os.open(self._path(key), os.O_RDONLY)
         except OSError as err:
             raise StorageError(f"cannot read: {err.strerror}", key=key) from err
         try:
-            _range(os.fstat(fd).st_size, offset, total, key)
-            pos = 0
-            while views:
-                n = os.preadv(fd, views[:1024], offset + pos)
-                if n <= 0:
-                    raise StorageError(f"short read at byte {offset + pos}", key=key)
-                pos += n
-                while views and n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                if n:
-                    views[0] = views[0][n:]
+            size = os.fstat(fd).st_size
+            for offset, out in pieces:
+                views = [v for v in _views(out) if len(v)]
+                total = sum(len(v) for v in views)
+                _range(size, offset, total, key)
+                pos = 0
+                while views:
+                    n = os.preadv(fd, views[:1024], offset + pos)
+                    if n <= 0:
+                        raise StorageError(f"short read at byte {offset + pos}", key=key)
+                    pos += n
+                    while views and n >= len(views[0]):
+                        n -= len(views[0])
+                        views.pop(0)
+                    if n:
+                        views[0] = views[0][n:]
+                yield offset + total
         except OSError as err:
             raise StorageError(f"read failed: {err}", key=key) from err
         finally:

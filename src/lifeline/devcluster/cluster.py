@@ -401,7 +401,7 @@ class DevCluster:
 
     def api_client(self):
         """A :class:`kubernetes.client.ApiClient` with admin credentials."""
-        from kubernetes import client, config
+        from kubernetes import config
 
         return config.new_client_from_config(str(self.kubeconfig))
 

@@ -16,18 +16,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lifeline.control.failures import (
-    CollectiveErrorReported,
     ContainerTerminated,
     HeartbeatExpired,
     NodeCondition,
     PodGone,
     Signal,
-    StepStalled,
 )
 from lifeline.control.state import ClusterState, Holding, NodeState
 from lifeline.operator.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
