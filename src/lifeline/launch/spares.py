@@ -29,7 +29,7 @@ from lifeline.launch.env import ProcessSpec
 __all__ = ["Spare", "SparePool", "PRELOAD", "spare_env"]
 
 PRELOAD: Mapping[str, tuple[str, ...]] = {
-    "trainer": ("torch", "torch.distributed", "torch._inductor", "lifeline.cli", "lifeline.api.pod",
+    "trainer": ("torch", "torch.distributed", "lifeline.cli", "lifeline.api.pod",
                 "lifeline.checkpoint", "lifeline.runtime._context", "lifeline.runtime._training",
                 "lifeline.runtime._checkpointer",
                 "lifeline.runtime._sidecar", "lifeline.runtime.cli", "lifeline.sidecar.client",
@@ -41,8 +41,6 @@ PRELOAD: Mapping[str, tuple[str, ...]] = {
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
 ``sidecar`` import on their way to the first useful line; a missing one is skipped).
-``torch._inductor`` is there because ``torch.use_deterministic_algorithms`` (the reference
-trainer's ``deterministic_cpu``) imports it, with dynamo and sympy: 2–5 s on a loaded machine."""
 
 
 @dataclass
