@@ -40,7 +40,7 @@ PRELOAD: Mapping[str, tuple[str, ...]] = {
                 "lifeline.sidecar.reader", "lifeline.sidecar._placement", "lifeline.sidecar.ulog"),
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
-``sidecar`` import on their way to the first useful line; a missing one is skipped).
+``sidecar`` import on their way to the first useful line; a missing one is skipped)."""
 
 
 @dataclass
