@@ -29,7 +29,7 @@ from lifeline.launch.env import ProcessSpec
 __all__ = ["Spare", "SparePool", "PRELOAD", "spare_env"]
 
 PRELOAD: Mapping[str, tuple[str, ...]] = {
-    "trainer": ("torch", "torch.distributed", "lifeline.cli", "lifeline.api.pod",
+    "trainer": ("torch", "torch.distributed", "torch._inductor", "lifeline.cli", "lifeline.api.pod",
                 "lifeline.checkpoint", "lifeline.runtime._context", "lifeline.runtime._training",
                 "lifeline.runtime._checkpointer",
                 "lifeline.runtime._sidecar", "lifeline.runtime.cli", "lifeline.sidecar.client",
@@ -40,7 +40,11 @@ PRELOAD: Mapping[str, tuple[str, ...]] = {
                 "lifeline.sidecar.reader", "lifeline.sidecar._placement", "lifeline.sidecar.ulog"),
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
-``sidecar`` import on their way to the first useful line; a missing one is skipped)."""
+``sidecar`` import on their way to the first useful line; a missing one is skipped).
+``torch._inductor`` is there because ``torch.use_deterministic_algorithms`` (the reference
+trainer's ``deterministic_cpu``) imports it, with dynamo and sympy: 2–5 s on a loaded machine;
+torch's optimizers import dynamo (and so inductor) anyway, in ``add_param_group``'s
+``torch._disable_dynamo`` wrapper, so a trainer process pays it whatever it calls."""
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,21 +39,8 @@ class StepResult:
 
 
 def deterministic_cpu(threads: int = 1) -> None:
-    """Make CPU training reproducible bit for bit: deterministic algorithms, fixed thread count.
-
-    Sets the same eager-mode flag as ``torch.use_deterministic_algorithms(True)``, which also
-    imports ``torch._inductor`` (with dynamo and sympy: 1-3 s per process start here) only to
-    set inductor's own flag for ``torch.compile``, which the trainer does not use; that flag is
-    set too when inductor is already loaded.
-    """
-    inductor = sys.modules.get("torch._inductor.config")
-    if inductor is not None:
-        inductor.deterministic = True
-    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if setter is None:  # a torch without the private setter: the public call, import and all
-        torch.use_deterministic_algorithms(True)
-    else:
-        setter(True)
+    """Make CPU training reproducible bit for bit: deterministic algorithms, fixed thread count."""
+    torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
 
 
