@@ -190,6 +190,34 @@ def test_missing_blob_is_a_storage_error_and_list_ignores_uncommitted(tmp_path):
         verify_checkpoint(storage, "p", "job", 5)
 
 
+@pytest.mark.parametrize("backend", ["filesystem", "memory"])
+def test_verify_reads_in_bounded_windows_and_checks_blob_lengths(tmp_path, backend):
+    """A window smaller than the largest chunk: every window is checked (a flip in the last one of a
+    chunk is named) and a blob longer or shorter than the manifest says is refused."""
+    storage = FilesystemStorage(tmp_path, fsync=False) if backend == "filesystem" else MemoryStorage()
+    g = torch.Generator().manual_seed(4)
+    state = {"w": torch.randn(64, 64, generator=g), "n": torch.randn(8, generator=g), "rng": b"\x01\x02"}
+    save_states(storage, "p", "job", 5, Layout(), PatternRules(), [state], block_size=256)
+    manifest = read_manifest(storage, "p", "job", 5)
+    fqn, ref = max(((f, c) for f, rec in manifest.tensors.items() for c in rec.chunks),
+                   key=lambda x: x[1].chunk.byte_length)
+    c = ref.chunk
+    assert c.byte_length > 3 * 256, "the test needs a chunk of several windows"
+    assert verify_checkpoint(storage, "p", "job", 5, window=512).step == 5
+    key = blob_key("p", "job", 5, ref.rank)
+    original = storage.get(key)
+    _flip(storage, key, c.byte_offset + c.byte_length - 1)
+    with pytest.raises(ChecksumError, match=fqn.replace(".", r"\.")) as err:
+        verify_checkpoint(storage, "p", "job", 5, window=512)
+    assert f"block {(c.byte_length - 1) // c.block_size}" in str(err.value)
+    for bad in (original + b"x", original[:-1]):
+        storage.put(key, bad)
+        with pytest.raises(StorageError, match=f"blob has {len(bad)} bytes, manifest says {len(original)}"):
+            verify_checkpoint(storage, "p", "job", 5)
+    storage.put(key, original)
+    verify_checkpoint(storage, "p", "job", 5)
+
+
 def test_zero1_fragments_roundtrip_across_data_degrees():
     rules = PatternRules([("w", Sharded(1)), ("m.(*)", Zero1(r"\1"))])
     full = {"w": torch.arange(6 * 8, dtype=torch.float32).view(6, 8), "m.w": -torch.arange(48.0).view(6, 8)}

@@ -241,24 +241,37 @@ def delete_step(storage: Any, prefix: str, job: str, step: int) -> None:
         storage.delete(key)
 
 
-def verify_checkpoint(storage: Any, prefix: str, job: str, step: int) -> Manifest:
-    """Read every blob of ``step`` whole and check every chunk and byte entry; returns the manifest.
+VERIFY_WINDOW = 64 << 20
+"""Most bytes :func:`verify_checkpoint` holds in memory at once (one reused buffer)."""
 
-    Raises :class:`ChecksumError` naming the first bad chunk, :class:`StorageError` naming a
-    missing or short blob.
+
+def verify_checkpoint(storage: Any, prefix: str, job: str, step: int, *, window: int = VERIFY_WINDOW) -> Manifest:
+    """Read every blob of ``step`` and check every chunk and byte entry; returns the manifest.
+
+    Each blob is read in order, in block-aligned ranges of at most ``window`` bytes into one
+    reused buffer, so memory stays bounded whatever the blob size (a byte entry is read whole).
+    Raises :class:`ChecksumError` naming the first bad chunk (tensor, offsets, block) or byte
+    entry, :class:`StorageError` naming a missing blob or one whose length differs from the
+    manifest's.
     """
     manifest = read_manifest(storage, prefix, job, step)
+    reader = StorageBlobReader(storage, prefix, job)
+    buf = bytearray(max(1, min(window, max(manifest.blobs, default=0))))
     for r, nbytes in enumerate(manifest.blobs):
         key = blob_key(prefix, job, step, r)
-        blob = storage.get(key)
-        if len(blob) != nbytes:
-            raise StorageError(f"blob has {len(blob)} bytes, manifest says {nbytes}", job=job, step=step, rank=r, key=key)
-        mv = memoryview(blob)
-        for fqn, rec in manifest.tensors.items():
-            for ref in rec.chunks:
-                if ref.rank == r:
-                    c = ref.chunk
-                    c.verify(mv[c.byte_offset : c.byte_offset + c.byte_length], 0, name=fqn, rank=r)
+        size = storage.size(key) if hasattr(storage, "size") else len(storage.get(key))
+        if size != nbytes:
+            raise StorageError(f"blob has {size} bytes, manifest says {nbytes}", job=job, step=step, rank=r, key=key)
+        chunks = sorted(((ref.chunk, fqn) for fqn, rec in manifest.tensors.items() for ref in rec.chunks
+                         if ref.rank == r), key=lambda x: x[0].byte_offset)
+        for c, fqn in chunks:
+            span = max(c.block_size, window // c.block_size * c.block_size)
+            for start in range(0, c.byte_length, span):
+                n = min(span, c.byte_length - start)
+                view = memoryview(buf)[:n] if n <= len(buf) else memoryview(bytearray(n))
+                reader.read_into(step, r, c.byte_offset + start, view)
+                c.verify(view, start, name=fqn, rank=r)
         for meta in manifest.bytes_entries.get(r, {}).values():
-            meta.verify(mv[meta.byte_offset : meta.byte_offset + meta.byte_length], rank=r)
+            data = reader.read(step, r, meta.byte_offset, meta.byte_length) if meta.byte_length else b""
+            meta.verify(memoryview(data), rank=r)
     return manifest

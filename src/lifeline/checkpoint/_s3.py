@@ -184,6 +184,10 @@ class S3Storage:
 
         self._retry("get", key, fetch)
 
+    def size(self, key: str) -> int:
+        """Length of ``key`` in bytes (a HEAD request); :class:`StorageError` when it is missing."""
+        return int(self._retry("stat", key, lambda: self.client.stat_object(self.bucket, key)).size)
+
     def exists(self, key: str) -> bool:
         def stat() -> bool:
             try:

@@ -28,6 +28,7 @@ class Storage(Protocol):
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes ``[offset, offset + length)`` of ``key`` (to the end when ``length`` is None)."""
 
+    # optional: size(key) -> int, the object's length in bytes (StorageError when missing).
     # optional: get_into(key, offset, out) fills a writable buffer, or a list of them one after
     # the other, without an intermediate copy.
     # optional: put_stream(key, pieces) stores the concatenation of an iterable of buffers,
@@ -187,6 +188,10 @@ class FilesystemStorage:
         self.get_into(key, offset, buf)
         return bytes(buf)
 
+    def size(self, key: str) -> int:
+        """Length of ``key`` in bytes; :class:`StorageError` when it is missing."""
+        return self._size(key)
+
     def _size(self, key: str) -> int:
         try:
             return os.stat(self._path(key)).st_size
@@ -282,6 +287,10 @@ class MemoryStorage:
         if obj is None:
             raise StorageError("no such key", key=key)
         return obj
+
+    def size(self, key: str) -> int:
+        """Length of ``key`` in bytes; :class:`StorageError` when it is missing."""
+        return len(self._obj(key))
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         obj = self._obj(key)

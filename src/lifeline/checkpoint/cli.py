@@ -128,7 +128,7 @@ def verify_command(
     endpoint: Optional[str] = _ENDPOINT, access_key: Optional[str] = _ACCESS, secret_key: Optional[str] = _SECRET,
     secure: bool = _SECURE,
 ) -> None:
-    """Read every blob whole and check every chunk's crc32c; exits 2 naming the first bad chunk."""
+    """Read every blob (in bounded windows) and check every chunk's crc32c; exits 2 naming the first bad chunk."""
     import time
 
     from rich.console import Console
