@@ -170,10 +170,10 @@ class _Executor:
         self.refs = [len(r.ops) for r in plan.reads]
         self.buffers: dict[int, Any] = {}
         self.failed: dict[int, Exception] = {}
-        self.pipeline: ReadStream | None = None
+        self.pipeline: ReadStream | None = None  # the reader thread of a pipelined load (see run)
         self.after = [0] * len(plan.reads)  # bytes the plan reads after each read
         for ri in range(len(plan.reads) - 2, -1, -1):
-            self.after[ri] = self.after[ri + 1] + plan.reads[ri + 1].byte_length  # the reader thread of pipelined reads (see _read_fused)
+            self.after[ri] = self.after[ri + 1] + plan.reads[ri + 1].byte_length
 
     # -- destinations -------------------------------------------------------------------
     def _dst(self, op: CopyOp) -> torch.Tensor:
