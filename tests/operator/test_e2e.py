@@ -400,3 +400,6 @@ def test_elastic_job_reshards_when_a_lost_node_leaves_no_room(devcluster, operat
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     assert sorted(p["metadata"]["labels"]["lifeline.dev/rank"] for p in live) == ["0", "1"]
     assert all(p["spec"]["nodeName"] != victim for p in live)
+    # the arenas live in the pods' own volumes, not in the host's /dev/shm, where a deleted
+    # pod's slots would stay behind (768 MiB for rank 2 here)
+    assert not list(Path("/dev/shm").glob("lifeline-elastic-*"))

@@ -105,6 +105,21 @@ def test_secrets_only_by_reference(job):
     assert "value" not in side["LIFELINE_S3_ACCESS_KEY"]
 
 
+def test_on_the_dev_cluster_the_arena_lies_in_the_pods_own_volume(job, monkeypatch, tmp_path):
+    """A process pod shares the host's /dev/shm: its arena goes into the arena volume's directory
+    (which the node removes with the pod), named by the variable the dev cluster sets for it."""
+    from lifeline.api.pod import ARENA_MOUNT_ENV
+    from lifeline.devcluster.node.volumes import mount_env_name
+
+    assert mount_env_name(ARENA_VOLUME) == ARENA_MOUNT_ENV
+    monkeypatch.setenv(ARENA_MOUNT_ENV, str(tmp_path / "volume"))
+    pod = rank_pod(job, 3, generation=1, config=CONFIG)
+    secret = {"hmac-key": "k" * 64, "s3-access-key": "ak", "s3-secret-key": "sk"}
+    side = _resolved_env(_container(pod, "sidecar"), node="node-b", pod_ip="10.1.0.7", secret=secret)
+    sidecar = SidecarSettings.load(**{k.removeprefix("LIFELINE_").lower(): v for k, v in side.items()})
+    assert sidecar.arena_dir == tmp_path / "volume" and sidecar.socket_path == tmp_path / "volume" / "sidecar.sock"
+
+
 def test_env_validates_as_the_roles_settings(job):
     """The env the operator writes is what lifeline.api.pod accepts: no typo, no missing field."""
     pod = rank_pod(job, 3, generation=1, config=CONFIG)

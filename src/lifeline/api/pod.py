@@ -23,14 +23,28 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lifeline.errors import ConfigError
 
-__all__ = ["PodSettings", "SidecarSettings", "TrainerSettings", "default_arena_dir"]
+__all__ = ["PodSettings", "SidecarSettings", "TrainerSettings", "default_arena_dir", "ARENA_MOUNT_ENV"]
+
+
+ARENA_MOUNT_ENV = "LIFELINE_MOUNT_LIFELINE_ARENA"
+"""Where a dev-cluster process pod finds its arena volume (the operator's ``lifeline-arena``
+emptyDir): process pods share the host's ``/dev/shm`` and see a volume at the path this variable
+names, not at its ``mountPath`` (``lifeline.devcluster.node.volumes``)."""
 
 
 def default_arena_dir(job: str, rank: int) -> Path:
-    """A Memory-backed directory for the arena outside Kubernetes: ``/dev/shm`` when present.
+    """A Memory-backed directory for the arena: ``/dev/shm/lifeline-<job>-<rank>`` (or the same under
+    the system temp dir when there is no ``/dev/shm``).
 
-    Returns ``/dev/shm/lifeline-<job>-<rank>`` (or the same under the system temp dir).
+    In a Kubernetes pod ``/dev/shm`` is the pod's arena emptyDir, which goes away with the pod.
+    On the dev cluster (:data:`ARENA_MOUNT_ENV` set) it is that volume's own directory, which the
+    node removes with the pod just as a kubelet removes an emptyDir (the host's ``/dev/shm``
+    would keep a killed pod's slots); the directory is used as is, since a Unix socket's path
+    must stay under 108 bytes.
     """
+    mount = os.environ.get(ARENA_MOUNT_ENV)
+    if mount:
+        return Path(mount)
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     return base / f"lifeline-{job}-{rank}"
 
