@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lifeline._poll import wait_for
+from lifeline.runtime.events import read_events
 from typing import Any
 
 import yaml
@@ -82,15 +83,7 @@ def await_condition(cond: Callable[[], Any], timeout: float, what: str, poll: fl
 
 def trainer_events(state_dir: Path) -> list[dict]:
     """Every JSON event line the trainers printed (all ranks, all incarnations)."""
-    out = []
-    for log in sorted((state_dir / "logs").glob("*-trainer.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return out
+    return read_events(sorted((state_dir / "logs").glob("*-trainer.log")))
 
 
 def alive(pid: int) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lifeline._poll import wait_for
+from lifeline.runtime.events import read_events
 
 SECRET = "runtime-test-secret-0123456789"
 
@@ -63,14 +63,7 @@ def stop(procs: dict[int, subprocess.Popen]) -> None:
 
 def events(log: Path) -> list[dict]:
     """The JSON-line events a rank printed."""
-    out = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
+    return read_events([log])
 
 
 def await_condition(cond: Callable[[], object], timeout: float, what: str, poll: float = 0.01):

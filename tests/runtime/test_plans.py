@@ -59,3 +59,12 @@ def test_a_newer_plan_rolls_healthy_ranks_back_in_process(tmp_path, redis_server
     for name, value in trainer.state().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(restored[name], value), name
+
+
+def test_read_events_keeps_event_lines_in_order_and_skips_the_rest(tmp_path):
+    from lifeline.runtime import read_events
+
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text('{"event": "init", "rank": 0}\nplain output\n{"event": "step", "st\n')  # cut short by a kill
+    b.write_bytes(b'\xff not utf-8\n{"event": "step", "rank": 1, "step": 3}\n')
+    assert read_events([a, b]) == [{"event": "init", "rank": 0}, {"event": "step", "rank": 1, "step": 3}]

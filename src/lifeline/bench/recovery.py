@@ -70,15 +70,9 @@ def _doc(name: str, steps: int, persist_every: int, l2: str) -> dict:
 
 def _events(log_dir: Path, pattern: str = "*-trainer.log") -> list[dict]:
     """Every JSON event line of every trainer log matching ``pattern`` (all ranks, all incarnations)."""
-    out = []
-    for log in sorted(log_dir.glob(pattern)):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return out
+    from lifeline.runtime.events import read_events
+
+    return read_events(sorted(log_dir.glob(pattern)))
 
 
 def breakdown(rec: dict[str, Any], events: list[dict], world_size: int) -> dict[str, Any]:

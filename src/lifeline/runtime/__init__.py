@@ -34,6 +34,7 @@ _EXPORTS = {
     "TrainingSummary": "_training",
     "is_collective_error": "_training",
     "run_training": "_training",
+    "read_events": "events",
 }
 
 
@@ -62,6 +63,7 @@ __all__ = [
     "TrainingSummary",
     "init",
     "is_collective_error",
+    "read_events",
     "rendezvous",
     "rendezvous_key",
     "run_training",
