@@ -30,7 +30,7 @@ def _register() -> None:
     from lifeline.devcluster.cli import node_app
     from lifeline.launch.cli import run_command
     from lifeline.operator.cli import operator_command
-    from lifeline.runtime.cli import trainer_command
+    from lifeline.models.cli import trainer_command
     from lifeline.sidecar.cli import sidecar_command
 
     app.add_typer(devcluster_app, name="devcluster", help="A real Kubernetes control plane with process nodes.")

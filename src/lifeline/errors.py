@@ -17,9 +17,9 @@ small; parts raise the most specific class that fits.
     │   └── StorageError       a storage backend failed (I/O, network, missing key)
     ├── SidecarError           the checkpoint sidecar and its client
     │   ├── ArenaFullError     no free shared-memory slot under the "skip" policy
-    │   ├── PeerError          a peer sidecar disconnected, refused or misbehaved
-    │   │   └── AuthError      a peer failed (or we failed) HMAC authentication
-    │   └── CatalogError       the Redis catalog is unreachable or inconsistent
+    │   └── PeerError          a peer sidecar disconnected, refused or misbehaved
+    │       └── AuthError      a peer failed (or we failed) HMAC authentication
+    ├── CatalogError           the Redis catalog is unreachable or holds a malformed document
     ├── RecoveryError          no recovery is possible (e.g. no verified copy)
     └── ClusterError           the dev cluster (build, start, nodes)
         └── BuildError         building a component from source failed
@@ -156,8 +156,8 @@ class AuthError(PeerError):
     """HMAC authentication with a peer failed (wrong or missing job secret)."""
 
 
-class CatalogError(SidecarError):
-    """The Redis catalog is unreachable or holds inconsistent data."""
+class CatalogError(LifelineError):
+    """The Redis catalog (``lifeline.catalog``) is unreachable or holds a malformed document."""
 
 
 class RecoveryError(LifelineError):

@@ -21,7 +21,7 @@ from lifeline.checkpoint import (
 from lifeline.control import Holding
 from lifeline.launch._observe import seed_l2_holdings, tier_steps
 from lifeline.launch.summary import checksum_digest, state_digest
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 
 
 def test_state_digest_is_bit_exact_and_order_independent():
@@ -47,7 +47,7 @@ def test_seeded_catalog_lets_stored_blobs_verify(redis_server):
     try:
         seed_l2_holdings(catalog, manifest)
         for rank in range(2):
-            assert catalog.holders(8, rank) == {"L2"}
+            assert catalog.holder_names(8, rank) == {"L2"}
             meta = ShardMetadata.from_json(catalog.meta(8, rank))
             blob = storage.get(blob_key("", "seedjob", 8, rank))
             assert meta.nbytes == len(blob) and meta.layout == layout and meta.rank == rank
@@ -62,7 +62,7 @@ def test_seeded_catalog_lets_stored_blobs_verify(redis_server):
             raise AssertionError("a corrupt blob verified against the seeded metadata")
         assert checksum_digest(catalog.metas(8)) == checksum_digest(catalog.metas(8))
     finally:
-        catalog.r.delete(*catalog.r.keys("lifeline:seedjob:*"))
+        catalog.wipe()
         catalog.close()
 
 

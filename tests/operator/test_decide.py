@@ -10,21 +10,26 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from lifeline.control.failures import ContainerTerminated, FailureKind, NodeCondition, PodGone
-from lifeline.control.state import ClusterState
-from lifeline.operator.decide import decide
-from lifeline.operator.manifests import PodConfig, rank_pod
+from lifeline.api.manifests import PodConfig, rank_pod
+from lifeline.api.recovery import Holding, RecoveryPlan
+from lifeline.api.trainingjob import TrainingJobStatus
+from lifeline.catalog import CatalogView, ProgressReport, SidecarRegistration
+from lifeline.control import ClusterState, ContainerTerminated, FailureKind, NodeCondition, PodGone, SidecarState
+from lifeline.operator import decide as _decide
 from lifeline.operator.observe import (
     Observation,
-    heartbeat_signals,
-    holdings_of,
     node_signals,
     node_states,
     pod_signals,
     pods_by_rank,
-    progress_of,
+    sidecar_states,
 )
 from lifeline.operator.recorded import Recorded
+
+
+def decide(spec, recorded, obs, status, *, now):
+    """The operator's decide with the status as the API server holds it (wire form)."""
+    return _decide.decide(spec, recorded, obs, TrainingJobStatus.model_validate(status), now=now)
 
 NOW = 1_800_000_000.0
 NODES = ["node-a", "node-b", "node-c"]
@@ -54,27 +59,30 @@ def _running_pod(job, rank: int, node: str, generation: int = 0, *, uid: str | N
 
 def _obs(job, pods: dict, *, nodes=None, progress=None, registered=None, generation=0, holdings=frozenset()):
     nodes = nodes or [_node(n) for n in NODES]
+    node_of = {r: (p.get("spec") or {}).get("nodeName") or "" for r, p in pods.items()}
+    registered = range(4) if registered is None else registered
     return Observation(
         pods=pods,
         nodes={n["metadata"]["name"]: n for n in nodes},
         cluster=ClusterState(nodes=node_states(nodes)),
-        registered=frozenset(range(4)) if registered is None else frozenset(registered),
-        progress=progress_of(progress or {}, generation),
-        catalog_generation=generation,
-        holdings=holdings,
+        catalog=CatalogView(
+            generation=generation,
+            reports=progress or {},
+            registrations={r: SidecarRegistration(r, node_of.get(r, ""), "127.0.0.1", 7070) for r in registered},
+            holdings=holdings,
+        ),
         at=NOW,
     )
 
 
 def _progress(event: str, step: int, generation: int = 0, t: float = NOW - 1) -> dict:
-    return {str(r): json.dumps({"event": event, "rank": r, "generation": generation, "step": step, "time": t})
-            for r in range(4)}
+    return {r: ProgressReport(event, "j", r, generation, t, step) for r in range(4)}
 
 
 def _holdings(step: int) -> frozenset:
     """L0 of every rank plus one L1 copy on a rank of another node (nodes a, b, c, a), at ``step``."""
     peer = {0: 1, 1: 2, 2: 3, 3: 1}
-    return holdings_of({(step, r): {f"L0@{r}", f"L1@{peer[r]}"} for r in range(4)}, 4)
+    return frozenset({Holding(step, r, "L0", r) for r in range(4)} | {Holding(step, r, "L1", peer[r]) for r in range(4)})
 
 
 def _placement(ranks=range(4)) -> dict:
@@ -144,7 +152,7 @@ def test_reshard_recreates_every_pod_in_the_smaller_layout_from_l2(job):
     replica group; every pod is recreated (the layout is in its env) and ranks >= 2 are deleted."""
     pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}  # node-a: ranks 0 and 3
     nodes = [_node("node-a", "Unknown", taints=["node.kubernetes.io/unreachable"]), _node("node-b"), _node("node-c")]
-    l2 = holdings_of({(10, r): {"L2"} for r in range(4)}, 4)
+    l2 = Holding.complete(10, 4)
     obs = _obs(job, pods, nodes=nodes, progress=_progress("step", 12), holdings=_holdings(11) | l2,
                registered=[1, 2])
     obs = dataclasses.replace(obs, cluster=ClusterState(nodes=tuple(
@@ -225,29 +233,34 @@ def test_node_and_heartbeat_signals():
     assert [n.ready for n in node_states(nodes)] == [True, False, False]
 
 
-def test_heartbeat_expiry_needs_a_ready_sidecar_past_grace(job):
+def test_sidecar_states_are_the_ready_running_sidecars(job):
     pod = _running_pod(job, 0, "node-a")
-    started = 1_800_000_000.0 - 3600  # 07:00 vs 08:00 below
-    sig = heartbeat_signals({0: pod}, [], now=started + 100, grace_seconds=30)
-    assert [s.rank for s in sig] == [0]
-    assert heartbeat_signals({0: pod}, [0], now=started + 100, grace_seconds=30) == []
-    assert heartbeat_signals({0: pod}, [], now=started + 10, grace_seconds=30) == []
+    started = 1_800_000_000.0 - 3600  # 07:00, the pod's startedAt
+    assert sidecar_states({0: pod}) == (SidecarState(0, "node-a", started, None),)
+    assert sidecar_states({0: pod}, {(0, "uid-0-0"): started + 5}) == (SidecarState(0, "node-a", started, started + 5),)
+    pod["status"]["containerStatuses"][1]["ready"] = False
+    assert sidecar_states({0: pod}) == ()
 
 
-def test_plan_in_catalog_is_what_the_runtime_reads(job):
-    """The catalog's plan document carries control's plan and the runtime's snake_case fields."""
-    from lifeline.control.plan import RecoveryPlan
-    from lifeline.operator.reconcile import plan_document
-    from lifeline.runtime._context import RecoveryPlan as RuntimePlan
+def test_a_silent_sidecar_is_lost_once_its_startup_grace_passed(job):
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    started = 1_800_000_000.0 - 3600
+    grace = job.spec.recovery.startup_grace_seconds
+    young = _obs(job, pods, progress=_progress("step", 7), holdings=_holdings(7), registered=[0, 1, 3])
+    assert decide(job.spec, Recorded(applied=0), young, {"phase": "Running"}, now=started + grace - 1).failures == ()
+    d = decide(job.spec, Recorded(applied=0), young, {"phase": "Running"}, now=started + grace + 1)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.NODE_LOST, (2,))]  # node-c's only sidecar
+    assert "stopped heartbeating" in d.failures[0].detail
 
+
+def test_the_plan_document_round_trips(job):
+    """The plan the operator records in annotations and the catalog is one document: to_json/from_json."""
     crashed = {"terminated": {"exitCode": 1, "reason": "Error"}}
     pods = {r: _running_pod(job, r, n, trainer=crashed if r == 0 else None) for r, n in _placement().items()}
     d = decide(job.spec, Recorded(applied=0), _obs(job, pods, progress=_progress("step", 6), holdings=_holdings(5)),
                {"phase": "Running"}, now=NOW)
-    doc = plan_document(d.plan)
-    seen = RuntimePlan.from_dict(d.plan.generation, doc)
-    assert (seen.generation, seen.restore_step) == (1, 5)
-    assert RecoveryPlan.from_json(json.dumps({k: v for k, v in doc.items()})) == d.plan
+    assert RecoveryPlan.from_json(d.plan.to_json()) == d.plan
+    assert json.loads(d.plan.to_json())["restoreStep"] == 5 and d.plan.generation == 1
 
 
 def test_pod_evicted_from_a_lost_node(job):

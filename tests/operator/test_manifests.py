@@ -9,7 +9,7 @@ import pytest
 from lifeline.api.load import load_trainingjob
 from lifeline.api.pod import SidecarSettings, TrainerSettings
 from lifeline.api.trainingjob import LayoutSpec
-from lifeline.operator.manifests import (
+from lifeline.api.manifests import (
     ARENA_MOUNT,
     ARENA_VOLUME,
     LABEL_GENERATION,

@@ -8,9 +8,9 @@ import uuid
 
 from kubernetes.client import ApiClient, V1NodeList, V1PodList
 
-from lifeline.control.state import Holding
+from lifeline.api.recovery import Holding
 from lifeline.operator.observe import observe
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 
 
 class _EmptyCluster:
@@ -32,15 +32,15 @@ def test_latest_l2_step_is_observed_behind_newer_memory_steps(redis_server):
             catalog.add_holding(10, rank, "L2")
             catalog.add_holding(20, rank, "L2")
             for step in range(20, 27):
-                catalog.add_holding(step, rank, f"L0@{rank}")
-        catalog.add_holding(30, 0, "L0@0")  # a newer step not yet complete
+                catalog.add_holding(step, rank, "L0", rank)
+        catalog.add_holding(30, 0, "L0", 0)  # a newer step not yet complete
         args = dict(namespace="ns", job=catalog.job, world_size=2, cool_downs={})
-        without = observe(_EmptyCluster(), catalog, **args).holdings
+        without = observe(_EmptyCluster(), catalog, **args).catalog.holdings
         assert not any(h.tier == "L2" for h in without)  # only the 4 newest steps (25, 26, 30 ...)
-        seen = observe(_EmptyCluster(), catalog, persist_every=10, **args).holdings
+        seen = observe(_EmptyCluster(), catalog, persist_every=10, **args).catalog.holdings
         # the two newest multiples of persist_every (30: still persisting; 20: the latest in L2)
         assert {Holding(20, r, "L2") for r in range(2)} <= seen
         assert Holding(30, 0, "L0", 0) in seen
     finally:
-        catalog.r.delete(*catalog.r.keys(catalog.prefix + "*"))
+        catalog.wipe()
         catalog.close()

@@ -111,7 +111,7 @@ def test_run_training_through_a_real_sidecar_restores_from_l0(tmp_path, arena_di
 
 def test_sidecar_checkpointer_reshards_from_l2_when_the_layout_changed(tmp_path, arena_dir, redis_server):
     from lifeline.checkpoint import read_manifest, save_states
-    from lifeline.sidecar.catalog import Catalog
+    from lifeline.catalog import Catalog
     from lifeline.sidecar.server import Sidecar
 
     job = job_name("elastic")
@@ -125,7 +125,7 @@ def test_sidecar_checkpointer_reshards_from_l2_when_the_layout_changed(tmp_path,
             t.train_step()
     manifest = save_states(storage, "", job, 3, old, RULES, [t.state() for t in trainers])
     catalog = Catalog(redis_server.url, job, 2)
-    catalog.add_holding(3, 0, "L2", json.dumps({"layout": old.to_dict(), "step": 3, "rank": 0}))
+    catalog.add_holding(3, 0, "L2", None, json.dumps({"layout": old.to_dict(), "step": 3, "rank": 0}))
     catalog.close()
     assert read_manifest(storage, "", job, 3).layout == manifest.layout == old
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from lifeline.api import LayoutSpec, RecoveryPlan
 from lifeline.api.pod import TrainerSettings
 from lifeline.checkpoint import FilesystemStorage
 from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoESpec, pattern_rules
 from lifeline.runtime import StorageCheckpointer, init, run_training
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 
 from ._harness import SECRET, job_name
 
@@ -18,7 +19,7 @@ CFG = GPTMoEConfig(corpus_bytes=1 << 18)
 class RollbackAtStep:
     """A model spec whose trainer, as a controller would, publishes a plan once ``step`` is reached."""
 
-    def __init__(self, catalog: Catalog, step: int, plan: dict) -> None:
+    def __init__(self, catalog: Catalog, step: int, plan: RecoveryPlan) -> None:
         self.catalog, self.step, self.plan, self.published = catalog, step, plan, False
 
     def build(self, layout, rank):
@@ -28,7 +29,7 @@ class RollbackAtStep:
         def step_and_maybe_publish():
             result = train_step()
             if result.step == spec.step and not spec.published:
-                spec.catalog.put_plan(spec.plan["generation"], spec.plan)
+                spec.catalog.put_plan(spec.plan)
                 spec.published = True
             return result
 
@@ -43,7 +44,7 @@ def test_a_newer_plan_rolls_healthy_ranks_back_in_process(tmp_path, redis_server
     ctx = init(settings)
     try:
         ck = StorageCheckpointer(FilesystemStorage(tmp_path, fsync=False), "ck", job, ctx.layout, 0, pattern_rules(CFG))
-        spec = RollbackAtStep(catalog, 5, {"generation": 1, "restore_step": 4, "action": "rollback"})
+        spec = RollbackAtStep(catalog, 5, RecoveryPlan.restore_all(1, 4, LayoutSpec(), reason="roll back"))
         summary = run_training(ctx, spec, ck, steps=8, every=2)
     finally:
         ctx.close()

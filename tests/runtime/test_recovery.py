@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import signal
 
-import redis
-
+from lifeline.api import LayoutSpec, RecoveryPlan
 from lifeline.checkpoint import Layout, blob_key, consolidate, list_steps, storage_from_uri
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 
 from ._harness import await_condition, events, job_name, rank_env, start, stop, wait_all
 
@@ -31,9 +30,9 @@ def launch(tmp_path, job, redis_url, ckpt_uri):
     return procs, logs
 
 
-def progress_step(r: redis.Redis, job: str, rank: int) -> int:
-    raw = r.hget(f"lifeline:{job}:progress", str(rank))
-    return json.loads(raw).get("step", 0) if raw else 0
+def progress_step(catalog: Catalog, rank: int) -> int:
+    report = catalog.progress().get(rank)
+    return (report.step or 0) if report is not None else 0
 
 
 def final_state(ckpt_uri: str, job: str) -> tuple[dict, dict]:
@@ -44,7 +43,6 @@ def final_state(ckpt_uri: str, job: str) -> tuple[dict, dict]:
 
 def test_kill_a_rank_survivors_recover_in_process_and_end_bit_identical(tmp_path, redis_server):
     url = redis_server.url
-    client = redis.Redis.from_url(url)
 
     # the failure-free reference run
     ref_job, ref_uri = job_name("ref"), str(tmp_path / "ref-ckpt")
@@ -56,15 +54,16 @@ def test_kill_a_rank_survivors_recover_in_process_and_end_bit_identical(tmp_path
     victim = 0
     procs, logs = launch(tmp_path, job, url, uri)
     try:
-        await_condition(lambda: progress_step(client, job, victim) >= 5, 120, "rank 0 to pass step 5")
+        catalog = Catalog(url, job, WORLD)
+        await_condition(lambda: progress_step(catalog, victim) >= 5, 120, "rank 0 to pass step 5")
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait()
         storage, prefix = storage_from_uri(uri)
         # the controller's part (lifeline.control/launch in production): plan generation 1 from the
         # latest committed checkpoint, then start the replacement rank
         restore_step = max(list_steps(storage, prefix, job))
-        Catalog(url, job, WORLD).put_plan(1, {"generation": 1, "restore_step": restore_step,
-                                              "action": "replace", "ranks": [victim]})
+        catalog.put_plan(RecoveryPlan.restore_all(1, restore_step, LayoutSpec(pipeline=2, data=2),
+                                                  reason=f"replace rank {victim}"))
         killed_log = logs[victim]
         logs[victim] = tmp_path / f"{job}-rank-{victim}-replacement.log"
         procs[victim] = start(TRAINER, trainer_env(job, victim, url, uri), logs[victim])

@@ -9,8 +9,9 @@ import redis
 
 from lifeline.api.pod import TrainerSettings
 from lifeline.errors import ConfigError, RecoveryError
-from lifeline.runtime import init, rendezvous_key
-from lifeline.sidecar.catalog import Catalog
+from lifeline.api import LayoutSpec, RecoveryPlan
+from lifeline.runtime import init
+from lifeline.catalog import Catalog
 
 from ._harness import SECRET, events, job_name, rank_env, start, wait_all
 
@@ -29,13 +30,13 @@ def test_four_processes_meet_through_redis(tmp_path, redis_server):
     out = run_world(tmp_path, redis_server.url, job, 4)
     assert {r: (o["sum"], o["world"], o["generation"]) for r, o in out.items()} == {r: (10.0, 4, 0) for r in range(4)}
     address = redis.Redis.from_url(redis_server.url, decode_responses=True).get(f"lifeline:{job}:rdzv:0")
-    assert rendezvous_key(Catalog(redis_server.url, job, 4), 0) == f"lifeline:{job}:rdzv:0"
+    assert Catalog(redis_server.url, job, 4).rendezvous_key(0) == f"lifeline:{job}:rdzv:0"
     assert address.startswith("127.0.0.2:"), "rank 0 published its pod IP and store port"
 
 
 def test_ranks_join_the_catalogs_current_generation(tmp_path, redis_server):
     job = job_name("rdzv")
-    Catalog(redis_server.url, job, 2).put_plan(3, {"generation": 3, "restore_step": None})
+    Catalog(redis_server.url, job, 2).put_plan(RecoveryPlan.restore_all(3, None, LayoutSpec(data=2)))
     out = run_world(tmp_path, redis_server.url, job, 2)
     assert [o["generation"] for o in out.values()] == [3, 3]
     assert redis.Redis.from_url(redis_server.url).exists(f"lifeline:{job}:rdzv:3")
@@ -88,7 +89,7 @@ def test_a_stale_address_is_read_again_until_the_live_rank_zero_publishes(redis_
     with socket.socket() as s:  # a port nothing listens on any more
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    catalog.r.set(rendezvous_key(catalog, 0), f"127.0.0.1:{dead}")
+    catalog.publish_rendezvous(0, f"127.0.0.1:{dead}", 60)
     got: dict = {}
     worker = threading.Thread(target=lambda: got.update(store=rendezvous(
         catalog, rank=1, world_size=2, generation=0, pod_ip="127.0.0.1", timeout=60)), daemon=True)

@@ -6,7 +6,7 @@ import json
 
 from conftest import sidecar_argv, sidecar_env, trainer_argv, wait_for
 
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 
 
 def _last_json(proc) -> dict:
@@ -44,8 +44,8 @@ def test_node_loss_restores_from_peer_then_from_minio(make_settings, procs, redi
         s, _ = make_settings(r, world, peer_replicas=1, metrics_port=-1, **l2)
         ranks[r] = _start_rank(procs, s, str(r), 0, 2)
     wait_for(lambda: cat.latest_complete_step() == 2, timeout=90, what="step 2 complete at L1")
-    wait_for(lambda: "L2" in cat.holders(2, 0), timeout=90, what="step 2 committed to MinIO")
-    holder = next(int(h.split("@")[1]) for h in cat.holders(2, 0) if h.startswith("L1@"))
+    wait_for(lambda: "L2" in cat.holder_names(2, 0), timeout=90, what="step 2 committed to MinIO")
+    holder = next(int(h.split("@")[1]) for h in cat.holder_names(2, 0) if h.startswith("L1@"))
     assert holder != 0
     # rank 0's node dies: its sidecar and trainer together
     for p in ranks[0]:

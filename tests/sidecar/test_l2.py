@@ -6,7 +6,7 @@ from _trainer import empty_like, identical, state_at
 from conftest import wait_for
 
 from lifeline.checkpoint import list_steps, storage_from_uri
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
 
 
@@ -31,7 +31,7 @@ def test_minio_down_l0_l1_go_on_and_l2_catches_up(make_settings, sidecars, redis
         with SidecarClient(t0) as c0, SidecarClient(t1) as c1:
             c0.save(0, state_at(0, 0))
             c1.save(0, state_at(0, 1))
-            wait_for(lambda: "L2" in cat.holders(0, 1), timeout=60, what="step 0 in MinIO")
+            wait_for(lambda: "L2" in cat.holder_names(0, 1), timeout=60, what="step 0 in MinIO")
             assert list_steps(storage, prefix, job) == [0]
             minio.stop()
             for step in (1, 2):  # L0 and L1 go on
@@ -40,9 +40,9 @@ def test_minio_down_l0_l1_go_on_and_l2_catches_up(make_settings, sidecars, redis
             wait_for(lambda: cat.latest_complete_step() == 2, what="step 2 complete at L1 while MinIO is down")
             wait_for(lambda: a.metrics.registry.get_sample_value("lifeline_sidecar_errors_total", {"kind": "storage"}),
                      timeout=60, what="a failed persistence attempt")
-            assert "L2" not in cat.holders(2, 0)
+            assert "L2" not in cat.holder_names(2, 0)
             minio = MinioServer(state_dir=tmp_path / "minio", port=port).start()
-            wait_for(lambda: "L2" in cat.holders(2, 0), timeout=90, what="L2 catches up with step 2")
+            wait_for(lambda: "L2" in cat.holder_names(2, 0), timeout=90, what="L2 catches up with step 2")
             assert 2 in list_steps(storage, prefix, job)
         cat.close()
     finally:
@@ -58,7 +58,7 @@ def test_corrupted_replica_is_detected_not_used_and_reported(make_settings, side
     with SidecarClient(t0) as c0, SidecarClient(t1) as c1:
         c0.save(0, state_at(0, 0))
         c1.save(0, state_at(0, 1))
-        wait_for(lambda: "L2" in cat.holders(0, 0), timeout=60, what="step 0 in MinIO")
+        wait_for(lambda: "L2" in cat.holder_names(0, 0), timeout=60, what="step 0 in MinIO")
         wait_for(lambda: cat.latest_complete_step() == 0, what="step 0 replicated (complete at L1)")
     replica = b.store.get("shard", 0, 0)
     replica.buf[200] ^= 0x01  # bit rot in rank 1's copy of rank 0's shard
@@ -70,7 +70,7 @@ def test_corrupted_replica_is_detected_not_used_and_reported(make_settings, side
         res = client.restore(into=into)
     assert (res.step, res.tier) == (0, "L2") and identical(into, state_at(0, 0))
     reports = cat.corrupt_reports()
-    assert len(reports) == 1 and reports[0]["rank"] == 0 and reports[0]["tier"] == "L1"
+    assert len(reports) == 1 and reports[0].rank == 0 and reports[0].tier == "L1"
     assert c.metrics.registry.get_sample_value("lifeline_sidecar_errors_total", {"kind": "checksum"}) == 1
-    assert b.store.get("shard", 0, 0) is None and "L1@1" not in cat.holders(0, 0)  # the bad copy is dropped
+    assert b.store.get("shard", 0, 0) is None and "L1@1" not in cat.holder_names(0, 0)  # the bad copy is dropped
     cat.close()

@@ -14,7 +14,7 @@ from conftest import SECRET, wait_for
 
 from lifeline.errors import ArenaFullError, AuthError, ChecksumError
 from lifeline.sidecar import _frames
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.peer import PeerClient
 from lifeline.sidecar.ulog import LogKey
@@ -98,10 +98,10 @@ def test_replication_and_complete_only_when_every_rank_is_verified(make_settings
             c0.save(step, state_at(step, 0))
             c1.save(step, state_at(step, 1))
         wait_for(lambda: cat.latest_complete_step() == 1, what="step 1 complete at L1")
-        assert cat.holders(1, 0) >= {"L0@0", "L1@1"} and cat.holders(1, 1) >= {"L0@1", "L1@0"}
+        assert cat.holder_names(1, 0) >= {"L0@0", "L1@1"} and cat.holder_names(1, 1) >= {"L0@1", "L1@0"}
         assert b.store.get("shard", 1, 0).tier == "L1" and a.store.get("shard", 1, 1).tier == "L1"
         c0.save(2, state_at(2, 0))  # only rank 0 saves step 2
-        wait_for(lambda: "L1@1" in cat.holders(2, 0), what="rank 0's step 2 replicated")
+        wait_for(lambda: "L1@1" in cat.holder_names(2, 0), what="rank 0's step 2 replicated")
         assert cat.try_advance(2, "L1") == 1 and cat.latest_complete_step() == 1
         c1.save(2, state_at(2, 1))
         wait_for(lambda: cat.latest_complete_step() == 2, what="step 2 complete")
@@ -194,7 +194,7 @@ def test_redis_restart_sidecars_reregister_and_catalog_recovers(make_settings, s
             redis = RedisServer(port=port).start()  # a fresh, empty Redis on the same address
             wait_for(lambda: not a.catalog_dirty and not b.catalog_dirty, timeout=30, what="re-registration")
             assert cat.sidecar(0) is not None and cat.sidecar(1) is not None
-            assert "L0@0" in cat.holders(0, 0) and "L1@1" in cat.holders(0, 0)
+            assert "L0@0" in cat.holder_names(0, 0) and "L1@1" in cat.holder_names(0, 0)
             assert cat.latest_complete_step() == 0  # re-derived from the re-registered holdings
             c1.save(1, state_at(1, 1))
             wait_for(lambda: cat.latest_complete_step() == 1, what="step 1 complete after the restart")

@@ -3,10 +3,23 @@
 - :mod:`lifeline.api.trainingjob` - spec and status models (camelCase on the wire).
 - :mod:`lifeline.api.load` - :func:`load_trainingjob` from YAML or a dict, errors naming the field.
 - :mod:`lifeline.api.crd` - :func:`build_crd`; ``python -m lifeline.api.crd --write``.
-- :mod:`lifeline.api.pod` - pod-level settings (``LIFELINE_*`` environment), owned by the sidecar part.
+- :mod:`lifeline.api.pod` - pod-level settings (``LIFELINE_*`` environment).
+- :mod:`lifeline.api.manifests` - the pod of a rank and the job's Secret (pure builders).
+- :mod:`lifeline.api.recovery` - the recovery plan document and its values (failures, holdings).
 """
 
+from lifeline.api.crd import build_crd
 from lifeline.api.load import field_path, load_trainingjob
+from lifeline.api.recovery import (
+    TIERS,
+    Failure,
+    FailureKind,
+    Holding,
+    PodPlacement,
+    RecoveryPlan,
+    RestoreSource,
+    Tier,
+)
 from lifeline.api.trainingjob import (
     API_VERSION,
     CONDITION_TYPES,
@@ -40,16 +53,24 @@ __all__ = [
     "PLURAL",
     "TRAINER_CONTAINER",
     "VERSION",
+    "TIERS",
     "CheckpointSpec",
     "Condition",
     "ElasticSpec",
+    "Failure",
+    "FailureKind",
+    "Holding",
     "LayoutSpec",
     "ModelSpec",
     "PersistSpec",
+    "PodPlacement",
     "RecoveryAction",
+    "RecoveryPlan",
     "RecoveryRecord",
     "RecoverySpec",
+    "RestoreSource",
     "SparseSpec",
+    "Tier",
     "TrainingJob",
     "TrainingJobSpec",
     "TrainingJobStatus",
@@ -57,10 +78,3 @@ __all__ = [
     "field_path",
     "load_trainingjob",
 ]
-
-
-def build_crd() -> dict:
-    """The TrainingJob CRD as a dict; see :func:`lifeline.api.crd.build_crd`."""
-    from lifeline.api.crd import build_crd as _build
-
-    return _build()

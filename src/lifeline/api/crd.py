@@ -80,6 +80,17 @@ _CHECKPOINT_RULES: list[dict[str, str]] = [
     },
 ]
 
+_RECOVERY_RULES: list[dict[str, str]] = [
+    {
+        "rule": "(has(self.collectiveGraceSeconds) ? double(self.collectiveGraceSeconds) : 5.0) >= "
+        "3.0 * (has(self.heartbeatSeconds) ? double(self.heartbeatSeconds) : 1.0)",
+        "message": "spec.recovery.collectiveGraceSeconds must be at least three spec.recovery.heartbeatSeconds "
+        "(a collective error waits until a dead peer's sidecar can be seen missing)",
+        "fieldPath": ".collectiveGraceSeconds",
+        "reason": "FieldValueInvalid",
+    },
+]
+
 _PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Latest step reached."},
@@ -97,6 +108,7 @@ def _spec_schema() -> dict[str, Any]:
     spec = structural(TrainingJobSpec.model_json_schema(by_alias=True, mode="validation"))
     spec["x-kubernetes-validations"] = [dict(r) for r in SPEC_RULES]
     spec["properties"]["checkpoint"]["x-kubernetes-validations"] = [dict(r) for r in _CHECKPOINT_RULES]
+    spec["properties"]["recovery"]["x-kubernetes-validations"] = [dict(r) for r in _RECOVERY_RULES]
     return spec
 
 

@@ -210,6 +210,30 @@ class RecoverySpec(WireModel):
         False,
         description="Log tensors sent across pipeline boundaries so one failed stage can replay alone (MoEvement).",
     )
+    heartbeat_seconds: float = Field(
+        1.0, gt=0, le=60,
+        description="Sidecar heartbeat period; a sidecar silent for three periods is lost (and a node none of "
+        "whose sidecars beats).",
+    )
+    collective_grace_seconds: float = Field(
+        5.0, ge=0, le=3600,
+        description="How long a collective error reported alone waits for its cause (a dead peer, a silent "
+        "sidecar) to show before it is acted on; at least three heartbeat periods.",
+    )
+    startup_grace_seconds: int = Field(
+        60, ge=1, le=3600, description="How long a started sidecar may take to register before it counts as lost."
+    )
+
+    @model_validator(mode="after")
+    def _grace_covers_heartbeat(self) -> RecoverySpec:
+        if self.collective_grace_seconds < 3 * self.heartbeat_seconds:
+            raise ConfigError(
+                f"spec.recovery.collectiveGraceSeconds ({self.collective_grace_seconds:g}) must be at least three "
+                f"heartbeat periods ({3 * self.heartbeat_seconds:g} s): a collective error must wait until a dead "
+                f"peer's sidecar can be seen missing; raise it or lower spec.recovery.heartbeatSeconds",
+                field="spec.recovery.collectiveGraceSeconds",
+            )
+        return self
 
 
 class ModelSpec(WireModel):

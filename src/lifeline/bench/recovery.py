@@ -34,7 +34,6 @@ process-group and sub-group times) and ``restore_seconds`` (the slowest restore)
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -151,7 +150,8 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
     from lifeline.launch.env import Secrets, rank_processes
     from lifeline.launch.services import _ensure_bucket
     from lifeline.launch.spec import load_for_launch
-    from lifeline.sidecar.catalog import Catalog
+    from lifeline.api import RecoveryAction, RecoveryPlan
+    from lifeline.catalog import Catalog
 
     name = "bench-dcp"
     job = load_for_launch(_doc(name, steps, persist_every, "s3://bench/unused"))
@@ -178,8 +178,7 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
                 log.close()
 
         def reports() -> dict[int, dict]:
-            raw = catalog.r.hgetall(catalog.prefix + "progress")
-            return {int(k): json.loads(v) for k, v in raw.items()}
+            return {rank: r.to_dict() for rank, r in catalog.progress().items()}
 
         def wait(cond, timeout: float, what: str) -> None:
             deadline = time.monotonic() + timeout
@@ -205,7 +204,8 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
 
         register(minio.endpoint, minio.access_key, minio.secret_key)
         restore = DcpCheckpointer(f"lminio://bench/{name}", 0).latest_step()
-        catalog.put_plan(1, {"generation": 1, "restore_step": restore, "action": "RestartAll"})
+        catalog.put_plan(RecoveryPlan.restore_all(1, restore, job.spec.layout,
+                                                  action=RecoveryAction.ROLLBACK, reason="restart every rank from DCP"))
         killed = False
         procs = {r: start(r) for r in range(4)}
         restarted_at = time.time()

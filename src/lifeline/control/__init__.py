@@ -1,21 +1,35 @@
 """lifeline.control: pure decisions, no I/O (DESIGN.md "Failures"; docs/control.md).
 
+- :func:`decide` - the decision engine of both runners (the operator and ``lifeline run``):
+  an :class:`Observed` round and the job's :class:`Record` in, a :class:`Decision` out.
 - :func:`classify` - failure signals to :class:`Failure` values.
 - :func:`plan_recovery` - the recovery ladder: a frozen :class:`RecoveryPlan`.
 - :func:`place_replicas` - L1 replica placement (Gemini, SOSP'23 §4).
 - :func:`checkpoint_interval`, :class:`AdaptiveInterval` - how often to checkpoint
   (Young 1974, Daly 2006, CheckFreq FAST'21).
 - :func:`ettr`, :func:`expected_ettr` - effective training time ratio.
+
+The plan and the values it holds (:class:`RecoveryPlan`, :class:`Failure`, :class:`Holding` ...)
+are wire documents defined in :mod:`lifeline.api.recovery`; they are re-exported here.
 """
 
+from lifeline.api.recovery import TIERS, Failure, FailureKind, Holding, PodPlacement, RecoveryPlan, RestoreSource, Tier
 from lifeline.api.trainingjob import RecoveryAction
+from lifeline.control.engine import (
+    SETTLE_SECONDS,
+    CatalogFacts,
+    Decision,
+    Observed,
+    Record,
+    Settle,
+    SidecarState,
+    decide,
+)
 from lifeline.control.ettr import EttrBreakdown, ettr, expected_ettr
 from lifeline.control.failures import (
     EXIT_COLLECTIVE_ERROR,
     CollectiveErrorReported,
     ContainerTerminated,
-    Failure,
-    FailureKind,
     HeartbeatExpired,
     NodeCondition,
     PodGone,
@@ -25,16 +39,20 @@ from lifeline.control.failures import (
 )
 from lifeline.control.interval import AdaptiveInterval, checkpoint_interval, daly_interval, young_interval
 from lifeline.control.placement import node_groups, place_replicas
-from lifeline.control.plan import PodPlacement, RecoveryPlan, RestoreSource, plan_recovery
-from lifeline.control.state import TIERS, ClusterState, Holding, JobState, NodeState, UpstreamLog, stage_of
+from lifeline.control.plan import plan_recovery
+from lifeline.control.progress import Progress, Report
+from lifeline.control.state import ClusterState, JobState, NodeState, UpstreamLog, stage_of
 
 __all__ = [
     "EXIT_COLLECTIVE_ERROR",
+    "SETTLE_SECONDS",
     "TIERS",
     "AdaptiveInterval",
+    "CatalogFacts",
     "ClusterState",
     "CollectiveErrorReported",
     "ContainerTerminated",
+    "Decision",
     "EttrBreakdown",
     "Failure",
     "FailureKind",
@@ -43,17 +61,25 @@ __all__ = [
     "JobState",
     "NodeCondition",
     "NodeState",
+    "Observed",
     "PodGone",
     "PodPlacement",
+    "Progress",
+    "Record",
     "RecoveryAction",
     "RecoveryPlan",
+    "Report",
     "RestoreSource",
+    "Settle",
+    "SidecarState",
     "Signal",
     "StepStalled",
+    "Tier",
     "UpstreamLog",
     "checkpoint_interval",
     "classify",
     "daly_interval",
+    "decide",
     "ettr",
     "expected_ettr",
     "node_groups",

@@ -5,7 +5,8 @@ signal dataclasses below (DESIGN.md "Failures": container or pod terminated; nod
 True, or the unreachable taint; sidecar heartbeat expired; no step progress within the hang
 timeout; a collective error inside a trainer). :func:`classify` maps them to failures,
 keeps one failure per rank (the most severe), folds the failures of ranks on a lost node into
-that node's ``NODE_LOST``, and drops collective errors that are only the echo of another
+that node's ``NODE_LOST`` (a node whose every sidecar stopped heartbeating counts as lost: its
+kubelet may not have been noticed yet, which takes the node-monitor grace period), and drops collective errors that are only the echo of another
 rank's failure (every peer of a crashed rank sees its collectives fail).
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+
+from lifeline.api.recovery import Failure, FailureKind
 
 __all__ = [
     "EXIT_COLLECTIVE_ERROR",
@@ -34,45 +36,7 @@ __all__ = [
 EXIT_COLLECTIVE_ERROR = 75
 
 
-class FailureKind(StrEnum):
-    """What failed, most severe first (the order :func:`classify` keeps per rank)."""
-
-    NODE_LOST = "NODE_LOST"  # node not Ready, or tainted unreachable: its pods and sidecar memory are gone
-    POD_LOST = "POD_LOST"  # the pod was deleted, evicted or failed: its sidecar memory (L0) is gone
-    SIDECAR_LOST = "SIDECAR_LOST"  # the sidecar container died or stopped heartbeating: L0 is gone
-    TRAINER_CRASH = "TRAINER_CRASH"  # the trainer container exited non-zero; the sidecar still holds L0
-    HANG = "HANG"  # no step progress within recovery.hangTimeoutSeconds
-    COLLECTIVE_ERROR = "COLLECTIVE_ERROR"  # a collective failed inside a trainer
-
-    @property
-    def loses_memory(self) -> bool:
-        """True when the rank's sidecar memory (its L0 copies and the L1 copies it held) is gone."""
-        return self in (FailureKind.NODE_LOST, FailureKind.POD_LOST, FailureKind.SIDECAR_LOST)
-
-
 _SEVERITY = {kind: i for i, kind in enumerate(FailureKind)}
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One classified failure.
-
-    Attributes:
-        kind: what failed.
-        ranks: the global ranks affected, ascending (all ranks for ``HANG``).
-        node: the node involved, if known.
-        detail: human-readable evidence (exit code, reason, heartbeat age).
-    """
-
-    kind: FailureKind
-    ranks: tuple[int, ...]
-    node: str | None = None
-    detail: str = ""
-
-    def describe(self) -> str:
-        """One line, e.g. ``TRAINER_CRASH ranks [3] on node-b: exit 1 (Error)``."""
-        where = f" on {self.node}" if self.node else ""
-        return f"{self.kind.value} ranks {list(self.ranks)}{where}" + (f": {self.detail}" if self.detail else "")
 
 
 @dataclass(frozen=True)
@@ -156,6 +120,7 @@ def classify(
     world = len(node_of_rank)
     per_rank: dict[int, Failure] = {}
     lost_nodes: dict[str, str] = {}
+    silent: dict[str, set[int]] = {}
     hang: Failure | None = None
 
     def keep(failure: Failure) -> None:
@@ -186,6 +151,8 @@ def classify(
         elif isinstance(sig, HeartbeatExpired):
             keep(Failure(FailureKind.SIDECAR_LOST, (sig.rank,), sig.node,
                          f"heartbeat expired {sig.age_seconds:.1f}s ago"))
+            if sig.node is not None:
+                silent.setdefault(sig.node, set()).add(sig.rank)
         elif isinstance(sig, StepStalled):
             if sig.seconds >= hang_timeout_seconds:
                 hang = Failure(FailureKind.HANG, tuple(range(world)), None,
@@ -196,6 +163,9 @@ def classify(
         else:  # pragma: no cover - the Signal union is closed
             raise TypeError(f"not a failure signal: {sig!r}")
 
+    for node, ranks in silent.items():  # a node none of whose sidecars beats is lost (its kubelet may still
+        if node not in lost_nodes and ranks >= {r for r in range(world) if node_of_rank[r] == node}:  # look Ready)
+            lost_nodes[node] = "every sidecar on it stopped heartbeating"
     out: list[Failure] = []
     for node in sorted(lost_nodes):
         ranks = tuple(r for r in range(world) if node_of_rank[r] == node)

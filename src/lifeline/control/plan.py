@@ -25,141 +25,14 @@ Per rank the nearest tier wins (L0, then L1, then L2).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
-from lifeline.control.failures import Failure, FailureKind
-from lifeline.control.state import TIERS, Holding, JobState, Tier, stage_of
+from lifeline.api.recovery import TIERS, Failure, FailureKind, Holding, PodPlacement, RecoveryPlan, RestoreSource, Tier
+from lifeline.api.trainingjob import RecoveryAction, TrainingJobSpec
+from lifeline.control.state import JobState, stage_of
 from lifeline.errors import RecoveryError
 
 __all__ = ["RestoreSource", "PodPlacement", "RecoveryPlan", "plan_recovery"]
-
-
-@dataclass(frozen=True)
-class RestoreSource:
-    """Where the shard of ``rank`` (a rank of the layout the checkpoint was saved in) is read from.
-
-    ``holder`` is the rank whose sidecar serves it (L0: ``rank`` itself, L1: the peer; ``None``
-    for L2) and ``node`` that sidecar's node (``None`` for L2).
-    """
-
-    rank: int
-    tier: Tier
-    holder: int | None
-    node: str | None
-
-
-@dataclass(frozen=True)
-class PodPlacement:
-    """A pod to create for ``rank`` on ``node`` (``None``: no node has room now; the scheduler
-    places it when one does, avoiding the plan's cool-down nodes)."""
-
-    rank: int
-    node: str | None
-
-
-@dataclass(frozen=True)
-class RecoveryPlan:
-    """What to do about a failure, for generation ``generation``.
-
-    Attributes:
-        action: the ladder rung.
-        generation: the new process-group generation (``state.generation + 1``).
-        restarts: the new value of ``status.restarts``.
-        restore_step: the step the restoring ranks load (``None`` for ``GiveUp``).
-        replay_to_step: ``LocalizedReplay`` only: the step the replaying stage catches up to.
-        layout: the layout of the new generation (smaller after ``Reshard``).
-        node_of_rank: node of each rank of the new generation (``None``: not yet placed).
-        restore_ranks: ranks of the new generation that load ``restore_step`` (the others keep
-            their in-memory state: only under ``LocalizedReplay``).
-        sources: per shard of the saved layout, where to read it, ascending by rank.
-        restart_ranks: trainer containers to restart in their (kept) pods.
-        create_pods: pods to create, ascending by rank.
-        delete_ranks: pods to delete: ranks beyond a smaller world size (a reshard restores
-            from L2, so nothing is read from their sidecars).
-        cool_downs: ``(node, expiry seconds since epoch)`` for the job's new pods to avoid.
-        failures: the failures this plan answers.
-        reason: why this rung, in words (for events and ``status.recoveries[].reason``).
-    """
-
-    action: RecoveryAction
-    generation: int
-    restarts: int
-    restore_step: int | None
-    layout: LayoutSpec
-    node_of_rank: tuple[str | None, ...]
-    restore_ranks: tuple[int, ...]
-    sources: tuple[RestoreSource, ...]
-    restart_ranks: tuple[int, ...]
-    create_pods: tuple[PodPlacement, ...]
-    delete_ranks: tuple[int, ...]
-    cool_downs: tuple[tuple[str, float], ...]
-    failures: tuple[Failure, ...]
-    reason: str
-    replay_to_step: int | None = None
-
-    @property
-    def avoid_nodes(self) -> frozenset[str]:
-        """Nodes the job's new pods must not use (node affinity ``NotIn``)."""
-        return frozenset(node for node, _ in self.cool_downs)
-
-    @property
-    def farthest_tier(self) -> Tier | None:
-        """The farthest tier any source reads from (for ``status.recoveries[].tier``)."""
-        return max((s.tier for s in self.sources), key=TIERS.index, default=None)
-
-    def source_of(self, rank: int) -> RestoreSource:
-        """The source of ``rank``'s shard. Raises ``KeyError`` if the plan reads none for it."""
-        for source in self.sources:
-            if source.rank == rank:
-                return source
-        raise KeyError(rank)
-
-    def to_json(self) -> str:
-        """A JSON text (stable key order) that :meth:`from_json` reads back to an equal plan."""
-        data: dict[str, Any] = {
-            "action": self.action.value,
-            "generation": self.generation,
-            "restarts": self.restarts,
-            "restoreStep": self.restore_step,
-            "replayToStep": self.replay_to_step,
-            "layout": self.layout.to_wire(),
-            "nodeOfRank": list(self.node_of_rank),
-            "restoreRanks": list(self.restore_ranks),
-            "sources": [[s.rank, s.tier, s.holder, s.node] for s in self.sources],
-            "restartRanks": list(self.restart_ranks),
-            "createPods": [[p.rank, p.node] for p in self.create_pods],
-            "deleteRanks": list(self.delete_ranks),
-            "coolDowns": [[n, t] for n, t in self.cool_downs],
-            "failures": [[f.kind.value, list(f.ranks), f.node, f.detail] for f in self.failures],
-            "reason": self.reason,
-        }
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> RecoveryPlan:
-        """Read a plan written by :meth:`to_json`."""
-        d = json.loads(text)
-        return cls(
-            action=RecoveryAction(d["action"]),
-            generation=d["generation"],
-            restarts=d["restarts"],
-            restore_step=d["restoreStep"],
-            replay_to_step=d["replayToStep"],
-            layout=LayoutSpec.model_validate(d["layout"]),
-            node_of_rank=tuple(d["nodeOfRank"]),
-            restore_ranks=tuple(d["restoreRanks"]),
-            sources=tuple(RestoreSource(r, t, h, n) for r, t, h, n in d["sources"]),
-            restart_ranks=tuple(d["restartRanks"]),
-            create_pods=tuple(PodPlacement(r, n) for r, n in d["createPods"]),
-            delete_ranks=tuple(d["deleteRanks"]),
-            cool_downs=tuple((n, t) for n, t in d["coolDowns"]),
-            failures=tuple(Failure(FailureKind(k), tuple(r), n, det) for k, r, n, det in d["failures"]),
-            reason=d["reason"],
-        )
 
 
 def plan_recovery(

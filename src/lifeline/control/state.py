@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
+from lifeline.api.recovery import TIERS, Holding, Tier
 from lifeline.api.trainingjob import LayoutSpec
 from lifeline.errors import ConfigError
 
 __all__ = ["Tier", "TIERS", "NodeState", "ClusterState", "Holding", "UpstreamLog", "JobState", "stage_of"]
-
-Tier = Literal["L0", "L1", "L2"]
-TIERS: tuple[Tier, ...] = ("L0", "L1", "L2")
-
 
 def stage_of(rank: int, layout: LayoutSpec) -> int:
     """Pipeline stage of a global rank under the Megatron rank order of :mod:`lifeline.checkpoint`
@@ -56,34 +52,6 @@ class ClusterState:
     def cooling(self, now: float) -> dict[str, float]:
         """Cool-downs still in force at ``now``: node -> expiry (seconds since epoch)."""
         return {node: until for node, until in self.cool_downs if until > now}
-
-
-@dataclass(frozen=True)
-class Holding:
-    """A verified copy of one rank's shard of the checkpoint at ``step``, at ``tier``.
-
-    ``holder`` is the rank whose sidecar holds it: the rank itself for L0, the peer for L1,
-    ``None`` for L2 (object storage).
-    """
-
-    step: int
-    rank: int
-    tier: Tier
-    holder: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.tier not in TIERS:
-            raise ConfigError(f"holding tier must be one of {TIERS}, got {self.tier!r}", field="tier")
-        if self.tier == "L2" and self.holder is not None:
-            raise ConfigError("an L2 holding has no holder rank", field="holder")
-        if self.tier != "L2" and self.holder is None:
-            raise ConfigError(f"an {self.tier} holding needs the holder rank", field="holder")
-
-    @staticmethod
-    def complete(step: int, world_size: int, tier: Tier = "L2") -> frozenset[Holding]:
-        """Every rank's shard at ``step`` in ``tier`` (L0: each rank holds its own), e.g. from the
-        catalog's latest complete L2 step."""
-        return frozenset(Holding(step, r, tier, None if tier == "L2" else r) for r in range(world_size))
 
 
 @dataclass(frozen=True)

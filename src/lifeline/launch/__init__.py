@@ -10,8 +10,7 @@ Imports are lazy so ``lifeline --help`` stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lifeline._lazy import exports
 
 _EXPORTS = {
     "LaunchOptions": "supervisor",
@@ -34,10 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lifeline.launch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lifeline.launch.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = exports(__name__, _EXPORTS)

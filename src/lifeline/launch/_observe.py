@@ -1,79 +1,106 @@
-"""What the launcher reads from the catalog each round, with the operator's own parsers.
+"""What ``lifeline run`` observes each round, as control's :class:`~lifeline.control.Observed` (pure).
 
-Progress lines and holdings are parsed by :func:`lifeline.operator.observe.progress_of` and
-:func:`~lifeline.operator.observe.holdings_of` (pure functions), so the launcher and the
-operator see a job the same way.
+The launcher's processes stand in for containers: an exited process is a container termination
+(a signal is reported as the kubelet does, 128 + signal), a "node" marked lost is a node whose
+Ready condition is False, and a live sidecar process is a running sidecar container. Everything
+the catalog says comes through :class:`lifeline.control.CatalogFacts`, exactly as for the operator.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Protocol
 
-from lifeline.control import Holding
-from lifeline.operator.observe import Progress, holdings_of, progress_of
+from lifeline.api.recovery import Holding
+from lifeline.catalog import Catalog, CatalogView
+from lifeline.checkpoint import Manifest, ShardMetadata, TensorMeta
+from lifeline.control import (
+    CatalogFacts,
+    ClusterState,
+    ContainerTerminated,
+    NodeCondition,
+    NodeState,
+    Observed,
+    SidecarState,
+    Signal,
+)
 
-__all__ = ["CatalogView", "read_catalog", "tier_steps", "plan_document", "seed_l2_holdings"]
+__all__ = ["MIN_SETTLE_SECONDS", "PodView", "observed_of", "quiet", "tier_steps", "seed_l2_holdings"]
 
-RECENT_STEPS = 64
-"""Holdings of at most this many of the newest catalog steps are read each round."""
+MIN_SETTLE_SECONDS = 0.05
+"""The job counts as quiet (planning need not wait :data:`lifeline.control.SETTLE_SECONDS`) no sooner
+than this after the first failure signal, and then only when every live trainer has reported a
+collective failure in the current generation (it is blocked, it saves nothing more) and the
+catalog's holdings did not change between two rounds (the last seals are filed)."""
 
 
-@dataclass(frozen=True)
-class CatalogView:
-    """One read of the job's catalog.
+class PodView(Protocol):
+    """What :func:`observed_of` reads of a rank's local pod (:class:`lifeline.launch._pods.Pod`)."""
 
-    Attributes:
-        generation: the catalog's current generation.
-        progress: the trainers' latest reports (:class:`lifeline.operator.observe.Progress`).
-        reports: rank -> the latest report (parsed JSON line).
-        holdings: verified copies of the newest steps.
-        registered: ranks with a live sidecar registration (the heartbeat).
-        complete_step: the latest complete step (``None``: none yet).
-        registered_nodes: rank -> the node its live registration names (a dead pod's registration
-            lives until its TTL; a replacement on another node is not registered by it).
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def handled(self) -> set[str]: ...
+
+    @property
+    def sidecar_started_at(self) -> float | None: ...
+
+    @property
+    def registered_at(self) -> float | None: ...
+
+    def exit_code(self, role: str) -> int | None: ...
+
+
+def observed_of(pods: Mapping[int, PodView], nodes: Mapping[str, NodeState], view: CatalogView,
+                world_size: int) -> Observed:
+    """The round's :class:`~lifeline.control.Observed` from the local pods, nodes and one catalog read.
+
+    Args:
+        pods: the current pod of each rank.
+        nodes: every local node by name (a node injected as lost is not ready).
+        view: this round's :meth:`lifeline.catalog.Catalog.view`.
+        world_size: ranks of the current layout.
     """
-
-    generation: int
-    progress: Progress
-    reports: Mapping[int, dict] = field(default_factory=dict)
-    holdings: frozenset[Holding] = frozenset()
-    registered: frozenset[int] = frozenset()
-    complete_step: int | None = None
-    registered_nodes: Mapping[int, str] = field(default_factory=dict)
-
-
-def read_catalog(catalog, world_size: int) -> CatalogView:
-    """Read generation, progress, registrations and holdings (a few pipelined Redis calls).
-
-    Raises:
-        CatalogError: Redis is unreachable.
-    """
-    generation = catalog.generation()
-    raw = catalog._call(catalog.r.hgetall, catalog.prefix + "progress")
-    reports = {}
-    for rank, line in raw.items():
-        try:
-            reports[int(rank)] = json.loads(line)
-        except (ValueError, TypeError):
-            continue
-    steps = catalog.steps()[-RECENT_STEPS:]
-    pipe = catalog.r.pipeline(transaction=False)
-    keys = [(s, r) for s in steps for r in range(world_size)]
-    for s, r in keys:
-        pipe.smembers(f"{catalog.prefix}holders:{s}:{r}")
-    members = catalog._call(pipe.execute) if keys else []
-    sidecars = catalog.sidecars()
-    return CatalogView(
-        generation=generation,
-        progress=progress_of(raw, generation),
-        reports=reports,
-        holdings=holdings_of(dict(zip(keys, members)), world_size),
-        registered=frozenset(sidecars),
-        complete_step=catalog.latest_complete_step(),
-        registered_nodes={r: str(info.get("node", "")) for r, info in sidecars.items()},
+    finished = all(p.exit_code("trainer") == 0 for p in pods.values())
+    signals: list[Signal] = []
+    sidecars: list[SidecarState] = []
+    ready = set()
+    for rank, pod in sorted(pods.items()):
+        for role in ("trainer", "sidecar"):
+            code = pod.exit_code(role)
+            if code is None or role in pod.handled:
+                continue
+            if code == 0 and (role == "trainer" or finished):
+                continue  # a finished trainer, or a sidecar stopping after the job
+            exit_code = 128 - code if code < 0 else code  # as the kubelet reports a signal: 137 = SIGKILL
+            signals.append(ContainerTerminated(rank, pod.node, role, exit_code, "Killed" if code < 0 else "Error"))
+        sidecar_alive = pod.exit_code("sidecar") is None
+        if sidecar_alive and pod.sidecar_started_at is not None:
+            sidecars.append(SidecarState(rank, pod.node, pod.sidecar_started_at, pod.registered_at))
+        reg = view.registrations.get(rank)
+        if sidecar_alive and pod.exit_code("trainer") is None and reg is not None and reg.node == pod.node:
+            ready.add(rank)
+    used = {p.node for p in pods.values()}
+    signals += [NodeCondition(n, False) for n in sorted(used) if not nodes[n].ready]
+    return Observed(
+        node_of_rank=tuple(pods[r].node if r in pods else None for r in range(world_size)),
+        cluster=ClusterState(nodes=tuple(nodes[n] for n in sorted(nodes))),
+        signals=tuple(signals),
+        sidecars=tuple(sidecars),
+        ready=frozenset(ready),
+        finished=finished,
+        catalog=CatalogFacts.of(view),
     )
+
+
+def quiet(view: CatalogView, last_holdings: frozenset[Holding] | None, pods: Mapping[int, PodView],
+          failing_since: float | None, now: float) -> bool:
+    """Whether the job is quiet enough to plan on (see :data:`MIN_SETTLE_SECONDS`)."""
+    if failing_since is None or now - failing_since < MIN_SETTLE_SECONDS or view.holdings != last_holdings:
+        return False
+    blocked = {r.rank for r in view.reports.values() if r.event == "failure" and r.generation == view.generation}
+    return {rank for rank, pod in pods.items() if pod.exit_code("trainer") is None} <= blocked
 
 
 def tier_steps(holdings: frozenset[Holding], world_size: int) -> dict[str, int | None]:
@@ -88,22 +115,10 @@ def tier_steps(holdings: frozenset[Holding], world_size: int) -> dict[str, int |
     return out
 
 
-def plan_document(plan) -> dict:
-    """The catalog's ``plan:<generation>`` document of a control ``RecoveryPlan``: its JSON plus
-    ``restore_step``/``replay_to_step`` in snake_case (what ``lifeline.runtime`` reads), exactly
-    as the operator publishes it."""
-    doc = json.loads(plan.to_json())
-    doc["restore_step"] = plan.restore_step
-    doc["replay_to_step"] = plan.replay_to_step
-    return doc
-
-
-def seed_l2_holdings(catalog, manifest) -> None:
+def seed_l2_holdings(catalog: Catalog, manifest: Manifest) -> None:
     """Record an L2 checkpoint found in storage in a fresh catalog: for every rank of the saved
     layout, its shard metadata (rebuilt from the manifest's chunks and byte entries) and an
     ``L2`` holding, as the sidecar that committed it had recorded them."""
-    from lifeline.checkpoint import ShardMetadata, TensorMeta
-
     for rank in range(manifest.layout.world_size):
         tensors = tuple(
             TensorMeta(fqn, rec.dtype, tuple(rec.shape), dict(rec.pattern),
@@ -114,4 +129,4 @@ def seed_l2_holdings(catalog, manifest) -> None:
         meta = ShardMetadata(job=manifest.job, step=manifest.step, rank=rank, layout=manifest.layout,
                              nbytes=manifest.blobs[rank], tensors=tensors,
                              bytes_entries=tuple(manifest.bytes_entries.get(rank, {}).values()))
-        catalog.add_holding(manifest.step, rank, "L2", meta.to_json())
+        catalog.add_holding(manifest.step, rank, "L2", None, meta.to_json())

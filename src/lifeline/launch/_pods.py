@@ -43,7 +43,8 @@ class Pod:
     """One rank's incarnation: its processes, node and the generation it was created for.
 
     ``handled`` names the roles whose exit a plan already answered; ``trainer_from_spare`` says
-    whether the current trainer process came from a pre-warmed spare (``start_trainer(spare)``).
+    whether the current trainer process came from a pre-warmed spare (``start_trainer(spare)``);
+    ``registered_at`` is when its sidecar was last seen registered on this pod's node.
     """
 
     spec: RankProcesses
@@ -53,6 +54,7 @@ class Pod:
     trainer: subprocess.Popen | None = None
     handled: set[str] = field(default_factory=set)
     started_at: float = field(default_factory=time.time)
+    sidecar_started_at: float | None = None
     registered_at: float | None = None
     trainer_runs: int = 0
     trainer_started_at: float | None = None
@@ -83,6 +85,8 @@ class Pod:
         ``spare`` (a pre-warmed process, see :mod:`lifeline.launch.spares`) when given."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
         self.spec.arena_dir.mkdir(parents=True, exist_ok=True)
+        self.sidecar_started_at = time.time()
+        self.registered_at = None
         self.sidecar, _ = self._launch("sidecar", spare)
         self.handled.discard("sidecar")
 

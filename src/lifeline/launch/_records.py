@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lifeline.api import LayoutSpec
+from lifeline.catalog import CatalogView, ProgressReport
+from lifeline.launch._observe import tier_steps
 from lifeline.launch.inject import Injection
 
-__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot"]
+__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Tally", "stuck_ranks"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +144,54 @@ class Snapshot:
     recoveries: list[RecoveryRecord] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Tally:
+    """What the trainers' reports add up to over a run: each step's time and each save's stall
+    (keyed ``(generation, rank, step)``, first report wins) and the highest step each rank reached."""
+
+    step_seconds: dict[tuple[int, int, int], float] = field(default_factory=dict)
+    stall_seconds: dict[tuple[int, int, int], float] = field(default_factory=dict)
+    seen_step: dict[int, int] = field(default_factory=dict)
+
+    def observe(self, view: CatalogView, snap: Snapshot, layout: LayoutSpec) -> None:
+        """Take this round's reports into the tally and the display's snapshot."""
+        snap.generation = view.generation
+        snap.tiers = tier_steps(view.holdings, layout.world_size)
+        snap.step = max((r.step or 0 for r in view.reports.values()), default=0)
+        for rank, rec in view.reports.items():
+            key = (rec.generation, rank, rec.step or 0)
+            if rec.event == "step":
+                if rec.get("seconds") is not None:
+                    self.step_seconds.setdefault(key, float(rec.get("seconds")))
+                if rec.get("loss") is not None:
+                    snap.loss = float(rec.get("loss"))
+                if rec.get("tokens_per_s") is not None and rank == 0:
+                    snap.tokens_per_s = float(rec.get("tokens_per_s")) * layout.data
+            elif rec.event == "save" and rec.get("seconds") is not None:
+                self.stall_seconds.setdefault(key, float(rec.get("seconds")))
+            if rec.event in ("step", "save", "done"):
+                self.seen_step[rank] = max(self.seen_step.get(rank, 0), rec.step or 0)
+
+
+class _PodLike(Protocol):
+    @property
+    def trainer_started_at(self) -> float | None: ...
+
+    def exit_code(self, role: str) -> int | None: ...
+
+
+def stuck_ranks(rec: RecoveryRecord, pods: Mapping[int, _PodLike], reports: Mapping[int, ProgressReport]) -> list[int]:
+    """Surviving ranks whose trainer (alive, started before the recovery) has neither read the plan
+    of ``rec`` (the runtime's ``plan`` report) nor joined its generation."""
+    out = []
+    for rank, pod in sorted(pods.items()):
+        if pod.exit_code("trainer") is not None or (pod.trainer_started_at or 0.0) >= rec.started_at:
+            continue  # dead (answered by the engine) or started for this plan
+        report = reports.get(rank)
+        if report is not None and (report.generation >= rec.generation
+                                   or int(report.get("plan_generation", -1)) >= rec.generation):
+            continue  # it read the plan or already joined
+        out.append(rank)
+    return out

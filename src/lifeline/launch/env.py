@@ -1,6 +1,6 @@
 """A rank's two processes (sidecar and trainer) from the same pod the operator would create.
 
-:func:`rank_processes` renders the rank's Pod with :func:`lifeline.operator.manifests.rank_pod`
+:func:`rank_processes` renders the rank's Pod with :func:`lifeline.api.manifests.rank_pod`
 — the operator's own builder, so a local run gets exactly the ``LIFELINE_*`` settings a
 Kubernetes pod gets — and resolves what the kubelet would: the downward API (``spec.nodeName``
 → the launcher's node name, ``status.podIP`` → the node's loopback address) and the job
@@ -22,7 +22,7 @@ from typing import Any
 from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob
 from lifeline.errors import ConfigError
 from lifeline.launch.spec import trainer_argv
-from lifeline.operator.manifests import (
+from lifeline.api.manifests import (
     SECRET_HMAC_KEY,
     SECRET_S3_ACCESS_KEY,
     SECRET_S3_SECRET_KEY,

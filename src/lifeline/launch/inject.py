@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
 
-__all__ = ["KINDS", "Injection", "parse_injection", "random_injections"]
+__all__ = ["KINDS", "Injection", "parse_injection", "random_injections", "due"]
 
 KINDS = ("trainer", "sidecar", "node", "hang")
 
@@ -31,6 +31,20 @@ class Injection:
 
     def __str__(self) -> str:
         return f"{self.kind}:rank={self.rank}:step={self.step}"
+
+    @property
+    def kills(self) -> tuple[str, ...]:
+        """The roles it SIGKILLs: ``trainer`` and/or ``sidecar`` (none for a hang, which SIGSTOPs)."""
+        return {"trainer": ("trainer",), "sidecar": ("sidecar",), "node": ("trainer", "sidecar")}.get(self.kind, ())
+
+
+def due(pending: list[Injection], reached: dict[int, int]) -> list[Injection]:
+    """Remove from ``pending`` and return the injections whose rank reached their step
+    (``reached``: rank -> the highest step it reported)."""
+    fire = [inj for inj in pending if reached.get(inj.rank, 0) >= inj.step]
+    for inj in fire:
+        pending.remove(inj)
+    return fire
 
 
 def parse_injection(text: str, *, world_size: int | None = None, steps: int | None = None) -> Injection:

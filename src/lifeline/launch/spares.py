@@ -24,20 +24,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lifeline.control import NodeState
+from lifeline.errors import ClusterError
 from lifeline.launch.env import ProcessSpec
 
-__all__ = ["Spare", "SparePool", "PRELOAD", "spare_env"]
+__all__ = ["Spare", "SparePool", "PRELOAD", "spare_env", "wanted_spares"]
 
 PRELOAD: Mapping[str, tuple[str, ...]] = {
     "trainer": ("torch", "torch.distributed", "torch._inductor", "lifeline.cli", "lifeline.api.pod",
                 "lifeline.checkpoint", "lifeline.runtime._context", "lifeline.runtime._training",
                 "lifeline.runtime._checkpointer",
-                "lifeline.runtime._sidecar", "lifeline.runtime.cli", "lifeline.sidecar.client",
-                "lifeline.sidecar.catalog", "lifeline.models.gpt_moe"),
+                "lifeline.runtime._sidecar", "lifeline.models.cli", "lifeline.models.gpt_moe._main", "lifeline.sidecar.client",
+                "lifeline.catalog", "lifeline.models.gpt_moe"),
     "sidecar": ("torch", "lifeline.cli", "lifeline.api.pod", "lifeline.checkpoint", "lifeline.sidecar.server",
                 "lifeline.sidecar._logging", "lifeline.sidecar._trainer_conn", "lifeline.sidecar._peer_conn",
-                "lifeline.sidecar._workers", "lifeline.sidecar.catalog", "lifeline.sidecar.peer",
-                "lifeline.sidecar.reader", "lifeline.sidecar._placement", "lifeline.sidecar.ulog"),
+                "lifeline.sidecar._workers", "lifeline.catalog", "lifeline.sidecar.peer",
+                "lifeline.sidecar.reader", "lifeline.control", "lifeline.sidecar.ulog"),
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
 ``sidecar`` import on their way to the first useful line; a missing one is skipped).
@@ -173,6 +175,24 @@ class SparePool:
                 return spare
         return None
 
+    def warm_all(self, wanted: Iterable[tuple[str, str, int]], timeout: float = 600.0) -> None:
+        """Start every spare ``wanted`` asks for and wait until all are ready.
+
+        Raises:
+            ClusterError: a spare exited while importing (its log names why), or not all were
+                ready within ``timeout`` seconds.
+        """
+        wanted = list(wanted)
+        while self.fill(wanted, max_warming=None) is not None:
+            pass
+        deadline = time.monotonic() + timeout
+        while not all(s.ready() for s in self.spares):
+            if any(not s.alive() for s in self.spares):
+                raise ClusterError(f"a spare process exited while importing; see {self.log_dir}/spare-*.log")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"spares not ready within {timeout:.0f} s; see {self.log_dir}/spare-*.log")
+            time.sleep(0.05)
+
     def pids(self) -> list[int]:
         """Process ids of the waiting spares."""
         return [s.proc.pid for s in self.spares if s.alive()]
@@ -182,6 +202,22 @@ class SparePool:
         for spare in self.spares:
             spare.stop()
         self.spares.clear()
+
+
+def wanted_spares(node_of_rank: Mapping[int, str], nodes: Mapping[str, NodeState], cool_downs: Mapping[str, float], *,
+                  per_node: int, standby_nodes: int, now: float) -> list[tuple[str, str, int]]:
+    """``(node, role, count)`` in priority order: ``per_node`` trainers on each rank's node, then a
+    sidecar and a trainer on each of the first ``standby_nodes`` free, ready nodes outside cool-down
+    (by name: the order in which ``lifeline.control`` places replacements). Empty when ``per_node`` is 0."""
+    if per_node <= 0:
+        return []
+    used = set(node_of_rank.values())
+    free = sorted(name for name, node in nodes.items()
+                  if name not in used and node.ready and cool_downs.get(name, 0.0) <= now)
+    wanted = [(node_of_rank[r], "trainer", per_node) for r in sorted(node_of_rank)]
+    for node in free[:standby_nodes]:
+        wanted += [(node, "sidecar", per_node), (node, "trainer", per_node)]
+    return wanted
 
 
 def spare_env(spec: ProcessSpec) -> dict[str, str]:

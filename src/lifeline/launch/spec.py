@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob, load_trainingjob
-from lifeline.errors import ConfigError, LifelineError
+from lifeline.errors import ConfigError
 
-__all__ = ["REFERENCE_MODELS", "load_for_launch", "trainer_argv", "check_model", "model_config"]
+__all__ = ["MODEL_CHECKERS", "REFERENCE_MODELS", "load_for_launch", "trainer_argv", "check_model", "model_checker",
+           "model_config"]
+
+MODEL_CHECKERS = "lifeline.models"
+"""The entry-point group of model checkers: ``name = "package.module:check"``, where ``check(args,
+layout)`` raises :class:`~lifeline.errors.ConfigError` with ``field`` ``seed``, ``args.<name>`` or
+``layout.<degree>`` (see :func:`lifeline.models.gpt_moe.check`)."""
 
 REFERENCE_MODELS = ("gpt-moe", "gpt_moe")
 """``spec.model.name`` values that mean the reference GPT-MoE trainer (as does no name)."""
@@ -68,33 +75,35 @@ def model_config(job: TrainingJob) -> Mapping[str, Any]:
     return {"seed": job.spec.seed, **(job.spec.model.args if job.spec.model else {})}
 
 
+def model_checker(name: str | None) -> Callable[[Mapping[str, Any], Mapping[str, int]], None] | None:
+    """The checker registered for model ``name`` (no name: the reference ``gpt-moe``) in the
+    ``lifeline.models`` entry-point group, or ``None`` when no package registers one."""
+    wanted = {"gpt_moe": "gpt-moe"}.get(name or "gpt-moe", name or "gpt-moe")
+    found = entry_points(group=MODEL_CHECKERS, name=wanted)
+    return next(iter(found)).load() if found else None
+
+
 def check_model(job: TrainingJob, layout: LayoutSpec) -> None:
-    """Check the reference model takes ``spec.model.args`` and ``layout`` (imports torch).
+    """Check the job's model takes ``spec.model.args`` and ``layout``, with the checker its package
+    registers (:func:`model_checker`; the reference model's imports torch). No checker: no check.
 
     Raises:
-        ConfigError: an unknown or out-of-range model argument (``spec.model.args.<name>``) or a
-            layout the model cannot take (``spec.layout.<degree>``).
+        ConfigError: an unknown or out-of-range model argument (``spec.model.args.<name>``,
+            ``spec.seed``) or a layout the model cannot take (``spec.layout.<degree>``).
     """
-    from lifeline.checkpoint import Layout
-    from lifeline.models.gpt_moe import GPTMoEConfig
-
+    checker = model_checker(job.spec.model.name if job.spec.model else None)
+    if checker is None:
+        return
     try:
-        config = GPTMoEConfig.from_mapping(dict(model_config(job)))
-        config.validate()
-    except (ConfigError, TypeError, ValueError) as err:
-        name = getattr(err, "field", None)
-        field = f"spec.model.args.{name}" if name and name != "seed" else ("spec.seed" if name else "spec.model.args")
-        raise ConfigError(f"{field}: {getattr(err, 'message', err)}", field=field, job=job.name) from None
-    try:
-        config.validate(Layout(**layout.to_wire()))
-    except LifelineError as err:
-        if err.key == "layout.pipeline":
-            degree = "pipeline"
-        else:
-            degree = next((d for d in ("tensor", "expert", "data", "pipeline") if getattr(layout, d) != 1), "pipeline")
-        field = f"spec.layout.{degree}"
-        raise ConfigError(f"{field}: the reference model cannot take layout {layout.to_wire()}: {err.message}",
-                          field=field, job=job.name) from None
+        checker(dict(model_config(job)), layout.to_wire())
+    except ConfigError as err:
+        name = err.field or "args"
+        if name.startswith("layout."):
+            field = f"spec.{name}"
+            raise ConfigError(f"{field}: the reference model cannot take layout {layout.to_wire()}: {err.message}",
+                              field=field, job=job.name) from None
+        field = "spec.seed" if name == "seed" else f"spec.model.{name}"
+        raise ConfigError(f"{field}: {err.message}", field=field, job=job.name) from None
 
 
 def load_for_launch(source: Any, *, steps: int | None = None, layout: LayoutSpec | None = None) -> TrainingJob:

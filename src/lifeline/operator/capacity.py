@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from lifeline.control.state import ClusterState, NodeState
-from lifeline.operator.manifests import LABEL_JOB
+from lifeline.api.manifests import LABEL_JOB
 
 __all__ = ["pod_requests", "node_capacity", "with_capacity"]
 

@@ -17,10 +17,13 @@ import logging
 from typing import Any
 
 import kopf
+import kubernetes
 
 from lifeline.api.trainingjob import GROUP, PLURAL, VERSION
 from lifeline.errors import CatalogError, LifelineError
 from lifeline.operator import events, metrics
+from lifeline.operator.reconcile import Env, forget_job, reconcile
+from lifeline.operator.settings import OperatorSettings
 from lifeline.operator.spec import REASON_INVALID_SPEC, InvalidSpec
 
 __all__ = ["ENV_KEY", "reconcile_handler", "resync_handler", "delete_handler", "configure", "register_timer",
@@ -34,13 +37,11 @@ ENV_KEY = "lifeline_env"
 _RETRIES = 20
 
 
-def _env(memo: Any):
+def _env(memo: Any) -> Env:
     return memo[ENV_KEY]
 
 
 def _run(memo: Any, body: Any) -> None:
-    from lifeline.operator.reconcile import reconcile
-
     env = _env(memo)
     try:
         reconcile(env, body)
@@ -83,8 +84,6 @@ def resync_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, retries=5, backoff=2)
 def delete_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Drop the job's catalog keys (pods and Secret are owned by the job and garbage-collected)."""
-    from lifeline.operator.reconcile import forget_job
-
     try:
         forget_job(_env(memo), body)
     except Exception as err:  # noqa: BLE001 - Redis down: the keys stay; the finalizer must not block deletion
@@ -119,8 +118,6 @@ def register_timer(resync_seconds: float, registry: kopf.OperatorRegistry | None
 
 def _kube_clients() -> tuple[Any, Any]:
     """CoreV1Api and CustomObjectsApi: in-cluster credentials when present, else ``KUBECONFIG``."""
-    import kubernetes
-
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
@@ -131,10 +128,8 @@ def _kube_clients() -> tuple[Any, Any]:
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Configure kopf, build the API clients and the :class:`Env` (into ``memo``), serve metrics."""
-    from lifeline.operator.reconcile import Env
-
     configure(settings)
-    op = memo["lifeline_settings"]
+    op: OperatorSettings = memo["lifeline_settings"]
     core, custom = _kube_clients()
     memo[ENV_KEY] = Env(core=core, custom=custom, settings=op)
     metrics.serve(op.metrics_port, op.bind_address)

@@ -1,9 +1,9 @@
-"""Read what is real — the job's pods, the nodes, the Redis catalog — into :mod:`lifeline.control` values.
+"""Read what is real — the job's pods, the nodes, the Redis catalog — for :mod:`lifeline.control`.
 
-Two layers: pure functions (:func:`pod_signals`, :func:`node_states`, :func:`progress_of`,
-:func:`holdings_of`) that turn API objects and catalog records into control's signal and state
-dataclasses, tested without a cluster; and :func:`observe`, the one function doing I/O
-(Kubernetes API list calls, Redis reads) that feeds them.
+Two layers: pure functions (:func:`pod_signals`, :func:`node_states`, :func:`node_signals`,
+:func:`sidecar_states`) that turn API objects into control's signal and state dataclasses, tested
+without a cluster; and :func:`observe`, the one function doing I/O (Kubernetes API list calls,
+one :meth:`lifeline.catalog.Catalog.view`) that feeds them.
 
 Container failures are signals only once: the plan that answers them records every pod's
 :func:`terminations` (by pod UID) in the TrainingJob's annotations, so a trainer the kubelet
@@ -13,28 +13,26 @@ mid-recovery sees exactly the failures it has not handled yet.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from lifeline.control.failures import (
-    ContainerTerminated,
-    HeartbeatExpired,
-    NodeCondition,
-    PodGone,
-    Signal,
-)
-from lifeline.control.state import ClusterState, Holding, NodeState
-from lifeline.operator.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from lifeline.api.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
+from lifeline.catalog import Catalog, CatalogView
+from lifeline.control import ClusterState, ContainerTerminated, NodeCondition, NodeState, PodGone, SidecarState, Signal
+from lifeline.errors import CatalogError
+from lifeline.operator.capacity import with_capacity
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "UNREACHABLE_TAINT",
-    "Progress",
     "Observation",
     "pods_by_rank",
     "pod_generation",
@@ -42,9 +40,7 @@ __all__ = [
     "pod_signals",
     "node_states",
     "node_signals",
-    "progress_of",
-    "holdings_of",
-    "heartbeat_signals",
+    "sidecar_states",
     "observe",
 ]
 
@@ -55,8 +51,6 @@ _NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 def _parse_time(value: str | None) -> float | None:
     if not value:
         return None
-    from datetime import datetime
-
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
@@ -179,101 +173,26 @@ def node_signals(nodes: Iterable[Mapping[str, Any]], used: Iterable[str]) -> lis
     return out
 
 
-@dataclass(frozen=True)
-class Progress:
-    """The trainers' progress from the catalog's ``progress`` hash (one JSON line per rank).
+def sidecar_states(pods: Mapping[int, Mapping[str, Any]], last_seen: Mapping[tuple[int, str], float] | None = None
+                   ) -> tuple[SidecarState, ...]:
+    """Control's :class:`SidecarState` of each pod whose sidecar container is running and Ready.
 
-    Attributes:
-        step: the highest step any rank reported (0 when none).
-        min_step: the lowest step over the ranks that reported.
-        last_time: seconds since the epoch of the newest report (``None`` when none).
-        done_ranks: ranks whose latest event is ``done``.
-        failures: ``(rank, detail)`` of ranks whose latest event is ``failure`` in ``generation``.
-        latest: ``(rank, generation, event, step)`` of each rank's latest report, by rank.
+    Args:
+        pods: the live pods by rank.
+        last_seen: ``(rank, pod UID) -> when this operator last saw that sidecar registered`` (its
+            memory, lost on restart: then the sidecar's start time and the startup grace apply).
     """
-
-    step: int = 0
-    min_step: int = 0
-    last_time: float | None = None
-    done_ranks: frozenset[int] = frozenset()
-    failures: tuple[tuple[int, str], ...] = ()
-    latest: tuple[tuple[int, int, str, int], ...] = ()
-
-    def trained_in(self, generation: int, world_size: int) -> bool:
-        """True when every rank ``< world_size`` reported a step (or finished) in ``generation``
-        or later: training has resumed after the recovery that started ``generation``."""
-        by_rank = {rank: (gen, event) for rank, gen, event, _ in self.latest}
-        return all(
-            rank in by_rank and by_rank[rank][0] >= generation and by_rank[rank][1] in ("step", "save", "done")
-            for rank in range(world_size)
-        )
-
-
-def progress_of(raw: Mapping[str, str], generation: int) -> Progress:
-    """Parse the ``progress`` hash (rank -> JSON report line) of the runtime
-    (:meth:`lifeline.runtime.RuntimeContext.report`); unparsable lines are ignored."""
-    reports = []
-    for rank, line in raw.items():
-        try:
-            rec = json.loads(line)
-            reports.append((int(rank), rec))
-        except (ValueError, TypeError):
-            continue
-    if not reports:
-        return Progress()
-    steps = [int(r.get("step") or 0) for _, r in reports]
-    times = [float(r["time"]) for _, r in reports if "time" in r]
-    return Progress(
-        step=max(steps),
-        min_step=min(steps),
-        last_time=max(times) if times else None,
-        done_ranks=frozenset(rank for rank, r in reports if r.get("event") == "done"),
-        failures=tuple(
-            sorted((rank, str(r.get("error", ""))) for rank, r in reports
-                   if r.get("event") == "failure" and int(r.get("generation", -1)) == generation)
-        ),
-        latest=tuple(sorted((rank, int(r.get("generation", 0)), str(r.get("event", "")), int(r.get("step") or 0))
-                            for rank, r in reports)),
-    )
-
-
-def holdings_of(holders: Mapping[tuple[int, int], Iterable[str]], world_size: int) -> frozenset[Holding]:
-    """Control's :class:`Holding` set from the catalog's ``holders:<step>:<rank>`` members
-    (``L0@r``, ``L1@r``, ``L2``); unknown members and ranks outside ``world_size`` are ignored."""
-    out = set()
-    for (step, rank), members in holders.items():
-        if not 0 <= rank < world_size:
-            continue
-        for m in members:
-            tier, _, holder = m.partition("@")
-            if tier == "L2" and not holder:
-                out.add(Holding(step, rank, "L2"))
-            elif tier in ("L0", "L1") and holder.isdigit() and int(holder) < world_size:
-                out.add(Holding(step, rank, tier, int(holder)))  # type: ignore[arg-type]
-    return frozenset(out)
-
-
-def heartbeat_signals(
-    pods: Mapping[int, Mapping[str, Any]], registered: Iterable[int], *, now: float, grace_seconds: float
-) -> list[Signal]:
-    """:class:`HeartbeatExpired` for ranks whose sidecar has been Ready for over ``grace_seconds``
-    yet has no registration in the catalog (the registration is the heartbeat; it expires after
-    three missed beats). A sidecar that never became Ready is not judged here."""
-    alive = set(registered)
-    out: list[Signal] = []
+    seen = last_seen or {}
+    out = []
     for rank, pod in sorted(pods.items()):
-        if rank in alive:
-            continue
         cs = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
                    if c["name"] == SIDECAR_CONTAINER), None)
-        running = ((cs or {}).get("state") or {}).get("running") or {}
-        started = _parse_time(running.get("startedAt"))
+        started = _parse_time((((cs or {}).get("state") or {}).get("running") or {}).get("startedAt"))
         if cs is None or not cs.get("ready") or started is None:
             continue
-        if now - started > grace_seconds:
-            node = (pod.get("spec") or {}).get("nodeName")
-            out.append(HeartbeatExpired(rank, node, now - started))
-    return out
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        out.append(SidecarState(rank, (pod.get("spec") or {}).get("nodeName"), started, seen.get((rank, uid))))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -282,14 +201,10 @@ class Observation:
 
     Attributes:
         pods: live pods by rank.
-        terminating: pods being deleted, by rank (not live; their node is still known).
         nodes: every node's raw object by name.
-        cluster: control's :class:`ClusterState` (cool-downs filled by the caller's annotation).
-        registered: ranks with a live sidecar registration.
-        progress: the trainers' progress.
-        complete_step: the catalog's latest complete step (``None``: none yet).
-        catalog_generation: the catalog's current generation.
-        holdings: verified copies of recent steps.
+        cluster: control's :class:`ClusterState` (node capacities filled in when known).
+        terminating: pods being deleted, by rank (not live; their node is still known).
+        catalog: the catalog's view (``None`` when it could not be read).
         catalog_error: why the catalog could not be read (``None`` when it was).
         at: seconds since the epoch when observed.
     """
@@ -298,13 +213,14 @@ class Observation:
     nodes: Mapping[str, Mapping[str, Any]]
     cluster: ClusterState
     terminating: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    registered: frozenset[int] = frozenset()
-    progress: Progress = field(default_factory=Progress)
-    complete_step: int | None = None
-    catalog_generation: int = 0
-    holdings: frozenset[Holding] = frozenset()
+    catalog: CatalogView | None = None
     catalog_error: str | None = None
     at: float = 0.0
+
+    @property
+    def registered(self) -> frozenset[int]:
+        """Ranks with a live sidecar registration (empty without a catalog view)."""
+        return frozenset(self.catalog.registrations) if self.catalog is not None else frozenset()
 
     def node_of_rank(self, world_size: int) -> tuple[str | None, ...]:
         """Node of each rank's pod, live or terminating (``None`` when unscheduled or missing)."""
@@ -315,21 +231,20 @@ class Observation:
         return tuple(node(r) for r in range(world_size))
 
 
-def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: int,
+def observe(core: CoreV1Api, catalog: Catalog | None, *, namespace: str, job: str, world_size: int,
             cool_downs: Mapping[str, float], recent_steps: int = 4, persist_every: int = 0,
             pod_requests: Mapping[str, Any] | None = None) -> Observation:
     """Read the job's pods, every node, and the catalog.
 
     Args:
         core: a ``kubernetes.client.CoreV1Api``.
-        catalog: a :class:`lifeline.sidecar.catalog.Catalog` of the job (or ``None``).
+        catalog: the job's :class:`~lifeline.catalog.Catalog` (``None``: none configured).
         namespace, job: the TrainingJob.
         world_size: current number of ranks.
         cool_downs: node -> expiry (seconds since epoch), from the job's annotation.
         recent_steps: how many of the newest catalog steps to read holdings of.
-        persist_every: the job's L2 interval (steps; 0: none); the holdings of the two newest
-            catalog steps that are multiples of it are read too, so the latest L2 checkpoint is
-            seen however many memory-tier steps came after it (a reshard restores from it).
+        persist_every: the job's L2 interval (steps; 0: none); the latest L2 checkpoint is read
+            too however many memory-tier steps came after it (a reshard restores from it).
         pod_requests: one rank pod's resource requests; when given, every node's capacity for the
             job is filled in (:mod:`lifeline.operator.capacity`) from a list of every pod, which
             needs cluster-wide pod reads: without them (403) capacities stay unknown.
@@ -348,35 +263,15 @@ def observe(core: Any, catalog: Any, *, namespace: str, job: str, world_size: in
                nodes=nodes, cluster=cluster, at=time.time())
     if catalog is None:
         return Observation(**obs, catalog_error="no catalog configured")
-    import redis
-
-    from lifeline.errors import CatalogError
-
     try:
-        generation = catalog.generation()
-        registered = frozenset(catalog.sidecars())
-        progress = progress_of(catalog.r.hgetall(catalog.prefix + "progress"), generation)
-        complete = catalog.latest_complete_step()
-        every = catalog.steps()
-        steps = sorted(set(every[-recent_steps:]) | set(
-            [s for s in every if persist_every and s % persist_every == 0][-2:]))
-        pipe = catalog.r.pipeline(transaction=False)
-        keys = [(s, r) for s in steps for r in range(world_size)]
-        for s, r in keys:
-            pipe.smembers(f"{catalog.prefix}holders:{s}:{r}")
-        holdings = holdings_of(dict(zip(keys, pipe.execute())), world_size)
-    except (CatalogError, redis.RedisError, OSError) as err:
-        return Observation(**obs, catalog_error=f"{type(err).__name__}: {err}")
-    return Observation(**obs, registered=registered, progress=progress, complete_step=complete,
-                       catalog_generation=generation, holdings=holdings)
+        view = catalog.view(recent_steps=recent_steps, persist_every=persist_every)
+    except CatalogError as err:
+        return Observation(**obs, catalog_error=str(err))
+    return Observation(**obs, catalog=view)
 
 
-def _with_capacity(core: Any, cluster: ClusterState, nodes: Mapping[str, Any], per_pod: Mapping[str, Any], *,
+def _with_capacity(core: CoreV1Api, cluster: ClusterState, nodes: Mapping[str, Any], per_pod: Mapping[str, Any], *,
                    namespace: str, job: str) -> ClusterState:
-    from kubernetes.client.exceptions import ApiException
-
-    from lifeline.operator.capacity import with_capacity
-
     try:
         pods = core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed")
     except ApiException as err:

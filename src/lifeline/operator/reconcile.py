@@ -23,18 +23,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from lifeline.api.trainingjob import GROUP, PLURAL, VERSION, RecoveryAction, TrainingJob
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from lifeline.api.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
+from lifeline.api.recovery import RecoveryPlan
+from lifeline.api.trainingjob import GROUP, PLURAL, VERSION, RecoveryAction, RecoveryRecord, TrainingJob, TrainingJobStatus
+from lifeline.catalog import Catalog
 from lifeline.operator import events, metrics
 from lifeline.operator.capacity import pod_requests
-from lifeline.operator.decide import Decision, decide
-from lifeline.operator.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
-from lifeline.operator.observe import observe
+from lifeline.operator.decide import Reconcile, decide
+from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
 from lifeline.operator.spec import parse_job
 from lifeline.operator.status import known_status, next_status
 
-__all__ = ["Env", "reconcile", "forget_job", "plan_document"]
+__all__ = ["Env", "reconcile", "forget_job"]
 
 log = logging.getLogger("lifeline.operator")
 
@@ -49,11 +55,12 @@ class Env:
         settings: :class:`~lifeline.operator.settings.OperatorSettings`.
     """
 
-    core: Any
-    custom: Any
+    core: CoreV1Api
+    custom: CustomObjectsApi
     settings: OperatorSettings
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _seen: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serialising reconciles of one job (kopf runs its timer beside the other handlers)."""
@@ -75,26 +82,15 @@ class Env:
             sidecar_resources=s.sidecar_resources,
         )
 
-    def catalog(self, job: str, world_size: int):
-        """The job's :class:`lifeline.sidecar.catalog.Catalog` (the sidecars' key schema)."""
-        from lifeline.sidecar.catalog import Catalog
-
+    def catalog(self, job: str, world_size: int) -> Catalog:
+        """The job's :class:`lifeline.catalog.Catalog`."""
         return Catalog(self.settings.redis_url, job, world_size)
 
-
-def _status_code(err: Exception) -> int | None:
-    return getattr(err, "status", None)
-
-
-def plan_document(plan: Any) -> dict[str, Any]:
-    """The catalog's ``plan:<generation>`` document: control's plan JSON plus the snake_case
-    fields :class:`lifeline.runtime.RecoveryPlan` reads (``generation``, ``restore_step``)."""
-    import json
-
-    doc = json.loads(plan.to_json())
-    doc["restore_step"] = plan.restore_step
-    doc["replay_to_step"] = plan.replay_to_step
-    return doc
+    def last_seen(self, namespace: str, name: str) -> dict[tuple[int, str], float]:
+        """Soft memory of one job: ``(rank, pod UID) -> when its sidecar was last seen registered``.
+        Lost when the operator restarts, which only makes a silent sidecar wait out its startup grace."""
+        with self._guard:
+            return self._seen.setdefault(f"{namespace}/{name}", {})
 
 
 def _ensure_secret(env: Env, job: TrainingJob) -> None:
@@ -102,16 +98,16 @@ def _ensure_secret(env: Env, job: TrainingJob) -> None:
     try:
         env.core.read_namespaced_secret(name, ns)
         return
-    except Exception as err:  # noqa: BLE001 - ApiException; anything but 404 propagates
-        if _status_code(err) != 404:
+    except ApiException as err:
+        if err.status != 404:
             raise
     s = env.settings
     body = job_secret(job, hmac_key=secrets.token_hex(32), s3_access_key=s.s3_access_key,
                       s3_secret_key=s.s3_secret_key.get_secret_value())
     try:
         env.core.create_namespaced_secret(ns, body)
-    except Exception as err:  # noqa: BLE001
-        if _status_code(err) != 409:  # created meanwhile: keep the first key
+    except ApiException as err:
+        if err.status != 409:  # created meanwhile: keep the first key
             raise
         return
     events.record(_job_ref(job), "SecretCreated", f"created Secret {name} with a new HMAC key for peer transfers")
@@ -130,57 +126,38 @@ def _job_ref(job: TrainingJob) -> dict[str, Any]:
     return {"apiVersion": job.api_version, "kind": job.kind, "metadata": job.metadata}
 
 
-def _own_catalog(catalog: Any, uid: str) -> None:
-    """Make the catalog keys of the job name belong to this job's UID (a new job of the same name
-    must not inherit an old job's progress or plans): wipe them when another UID owned them."""
-    owner_key = catalog.prefix + "owner"
-    if catalog.r.get(owner_key) == uid:
-        return
-    _wipe(catalog)
-    catalog.r.set(owner_key, uid)
-
-
-def _wipe(catalog: Any) -> None:
-    keys = list(catalog.r.scan_iter(match=catalog.prefix + "*", count=500))
-    for i in range(0, len(keys), 500):
-        catalog.r.delete(*keys[i:i + 500])
-
-
 def forget_job(env: Env, body: Mapping[str, Any]) -> None:
     """Delete the job's catalog keys if this job (by UID) owns them. Pods and the Secret go with
     the TrainingJob through their ownerReferences (garbage collection)."""
     meta = body.get("metadata") or {}
     catalog = env.catalog(meta["name"], 1)
     try:
-        if catalog.r.get(catalog.prefix + "owner") == meta.get("uid"):
-            _wipe(catalog)
+        catalog.forget(meta.get("uid", ""))
     finally:
         catalog.close()
+    with env._guard:
+        env._seen.pop(f"{meta.get('namespace', '')}/{meta['name']}", None)
 
 
 def _patch_job(env: Env, job: TrainingJob, patch: dict[str, Any]) -> None:
     env.custom.patch_namespaced_custom_object(GROUP, VERSION, job.namespace, PLURAL, job.name, patch)
 
 
-def _patch_status(env: Env, job: TrainingJob, status: dict[str, Any]) -> None:
+def _patch_status(env: Env, job: TrainingJob, status: Mapping[str, Any]) -> None:
     env.custom.patch_namespaced_custom_object_status(GROUP, VERSION, job.namespace, PLURAL, job.name,
                                                      {"status": status})
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _force_delete(env: Env, name: str, namespace: str) -> None:
     """Delete a pod with grace 0 (its node may be gone and never confirm); absent is fine."""
     try:
         env.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    except Exception as err:  # noqa: BLE001 - ApiException
-        if _status_code(err) != 404:
+    except ApiException as err:
+        if err.status != 404:
             raise
 
 
-def _act_on_pods(env: Env, job: TrainingJob, d: Decision, before_create: Any = None) -> bool:
+def _act_on_pods(env: Env, job: TrainingJob, d: Reconcile, before_create: Any = None) -> bool:
     """Delete then create pods (calling ``before_create()`` in between, when given); True when
     every pod of ``d.create`` exists afterwards."""
     ns = job.namespace
@@ -194,8 +171,8 @@ def _act_on_pods(env: Env, job: TrainingJob, d: Decision, before_create: Any = N
         pod = rank_pod(job, rank, generation=d.generation, config=config, layout=d.layout, avoid_nodes=d.avoid_nodes)
         try:
             env.core.create_namespaced_pod(ns, pod)
-        except Exception as err:  # noqa: BLE001
-            if _status_code(err) == 409:  # exists: ours from an earlier try, or the old one still terminating
+        except ApiException as err:
+            if err.status == 409:  # exists: ours from an earlier try, or the old one still terminating
                 existing = env.core.read_namespaced_pod(pod["metadata"]["name"], ns)
                 labels = existing.metadata.labels or {}
                 if existing.metadata.deletion_timestamp is None and labels.get(LABEL_GENERATION) == str(d.generation):
@@ -210,7 +187,7 @@ def _act_on_pods(env: Env, job: TrainingJob, d: Decision, before_create: Any = N
     return complete
 
 
-def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) -> Decision | None:
+def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) -> Reconcile | None:
     """Run one reconcile of the TrainingJob ``body`` (re-read from the API server first); returns
     the decision (``None`` when the job is gone or finished: Succeeded or Failed jobs are left alone).
 
@@ -225,34 +202,61 @@ def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) ->
         # Re-read the job: kopf's copy may predate our own last commit (a timer tick racing the watch).
         try:
             body = env.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        except Exception as err:  # noqa: BLE001 - ApiException
-            if _status_code(err) == 404:
+        except ApiException as err:
+            if err.status == 404:
                 return None  # deleted meanwhile
             raise
         return _reconcile(env, body, now=now)
 
 
-def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decision | None:
+def _status(raw: Mapping[str, Any], job: TrainingJob) -> TrainingJobStatus:
+    """The job's status as its pydantic model (unknown fields dropped; a status the model refuses,
+    written by hand, is logged and started over)."""
+    try:
+        return TrainingJobStatus.model_validate(known_status(raw))
+    except ValidationError as err:
+        log.warning("%s/%s: ignoring an invalid status: %s", job.namespace, job.name, err)
+        return TrainingJobStatus()
+
+
+def _observe_sidecars(env: Env, job: TrainingJob, obs: Observation, now: float) -> dict[tuple[int, str], float]:
+    """Remember when each live pod's sidecar was seen registered on its node (soft memory)."""
+    seen = env.last_seen(job.namespace or "", job.name or "")
+    registrations = obs.catalog.registrations if obs.catalog is not None else {}
+    live = set()
+    for rank, pod in obs.pods.items():
+        key = (rank, (pod.get("metadata") or {}).get("uid", ""))
+        live.add(key)
+        reg = registrations.get(rank)
+        if reg is not None and reg.node == (pod.get("spec") or {}).get("nodeName"):
+            seen[key] = now
+    for key in [k for k in seen if k not in live]:
+        del seen[key]
+    return dict(seen)
+
+
+def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Reconcile | None:
     started = time.perf_counter()
     now = time.time() if now is None else now
     job = parse_job(body)
-    status = known_status(body.get("status") or {})
-    if status.get("phase") in ("Succeeded", "Failed"):
+    status = _status(body.get("status") or {}, job)
+    if status.phase in ("Succeeded", "Failed"):
         return None
     meta = job.metadata
     recorded = Recorded.from_annotations(meta.get("annotations"))
     world = (recorded.plan.layout if recorded.plan else job.spec.layout).world_size
     _ensure_secret(env, job)
-    catalog = env.catalog(job.name, world)
+    catalog = env.catalog(job.name or "", world)
     try:
-        _own_catalog(catalog, meta["uid"])
-        obs = observe(env.core, catalog, namespace=job.namespace, job=job.name, world_size=world,
+        catalog.own(meta["uid"])
+        persist = job.spec.checkpoint.persist
+        obs = observe(env.core, catalog, namespace=job.namespace or "", job=job.name or "", world_size=world,
                       cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, job),
-                      persist_every=job.spec.checkpoint.persist.every if job.spec.checkpoint.persist else 0)
+                      persist_every=persist.every if persist else 0)
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
-        d = decide(job.spec, recorded, obs, status, now=now)
-        recovery = None
+        d = decide(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
+        recovery: RecoveryRecord | None = None
         if d.plan is not None:
             for f in d.failures:
                 metrics.FAILURES.labels(job.namespace, job.name, f.kind.value).inc()
@@ -260,18 +264,18 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
             if d.plan.action is RecoveryAction.GIVE_UP:
                 events.record(body, "GiveUp", d.plan.reason)
             else:
-                _patch_job(env, job, recorded.commit_patch(d.plan, d.handled or {}))  # the commit point
+                patch = recorded.commit_patch(d.plan, d.handled or {})
+                _patch_job(env, job, patch)  # the commit point
                 metrics.RECOVERIES.labels(job.namespace, job.name, d.plan.action.value).inc()
                 events.record(body, d.plan.action.value, f"generation {d.plan.generation}: {d.plan.reason}")
                 recovery = _record_of(d.plan, now)
                 recorded = Recorded.from_annotations({**(meta.get("annotations") or {}),
-                                                      **recorded.commit_patch(d.plan, d.handled or {})["metadata"]
-                                                      ["annotations"]})
+                                                      **patch["metadata"]["annotations"]})
         current = d.plan if d.plan is not None and d.plan.action is not RecoveryAction.GIVE_UP else recorded.plan
         publish = None
         if current is not None and catalog.generation() < current.generation:
             def publish() -> None:
-                catalog.put_plan(current.generation, plan_document(current))
+                catalog.put_plan(current)
             if current.action is not RecoveryAction.RESHARD:
                 publish()  # survivors act on it in their processes
                 publish = None
@@ -286,25 +290,30 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
         elif d.phase not in ("Failed", "Succeeded") and recorded.applied < d.generation:
             _patch_job(env, job, Recorded.applied_patch(d.generation))
         if recovery is None and current is not None and d.phase == "Recovering" and not any(
-                r.get("generation") == current.generation for r in status.get("recoveries") or []):
+                r.generation == current.generation for r in status.recoveries):
             recovery = _record_of(current, now)  # the status write after the commit was lost: redo it
         if d.resumed:
             recovery = _close_recovery(status, d.generation, now)
-        if d.phase != status.get("phase"):
+        if d.phase != status.phase:
             if d.resumed and d.phase == "Succeeded":  # resumed and finished between two resync ticks
                 events.record(body, "Recovered", f"training resumed in generation {d.generation} and finished")
             if d.phase in ("Running", "Succeeded", "Failed"):
                 events.record(body, {"Running": "Recovered" if d.resumed else "Running", "Succeeded": "Succeeded",
                                      "Failed": "Failed"}[d.phase], d.message)
-        if obs.complete_step is not None:
-            metrics.CHECKPOINT_LAG.labels(job.namespace, job.name).set(max(0, obs.progress.step - obs.complete_step))
+        view = obs.catalog
+        progress_step = max((r.step or 0 for r in view.reports.values()), default=0) if view is not None else 0
+        complete_step = view.complete_step if view is not None else None
+        if complete_step is not None:
+            metrics.CHECKPOINT_LAG.labels(job.namespace, job.name).set(max(0, progress_step - complete_step))
+        old = status.to_wire()
         new_status = next_status(
-            status, phase=d.phase, reason=d.reason, message=d.message, observed_generation=meta.get("generation"),
-            step=obs.progress.step, complete_step=obs.complete_step, generation=d.generation,
+            old, phase=d.phase, reason=d.reason, message=d.message, observed_generation=meta.get("generation"),
+            step=progress_step, complete_step=complete_step, generation=d.generation,
             restarts=current.restarts if current is not None else None,
-            replicas=d.layout.world_size, layout=d.layout.to_wire(), recovery=recovery,
+            replicas=d.layout.world_size, layout=d.layout.to_wire(),
+            recovery=recovery.to_wire() if recovery is not None else None,
         )
-        if _differs(status, new_status):
+        if _differs(old, new_status):
             _patch_status(env, job, new_status)
         return d
     finally:
@@ -312,26 +321,22 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Decis
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def _record_of(plan: Any, now: float) -> dict[str, Any]:
-    """The ``status.recoveries[]`` record (wire form) of a committed plan, started at ``now``."""
-    rec = {
-        "generation": plan.generation, "kind": plan.action.value,
-        "ranks": sorted({r for f in plan.failures for r in f.ranks}),
-        "fromStep": plan.restore_step, "tier": plan.farthest_tier,
-        "startedAt": _iso(now), "reason": plan.reason[:1000],
-    }
-    return {k: v for k, v in rec.items() if v is not None}
+def _record_of(plan: RecoveryPlan, now: float) -> RecoveryRecord:
+    """The ``status.recoveries[]`` record of a committed plan, started at ``now``."""
+    return RecoveryRecord(generation=plan.generation, kind=plan.action, ranks=list(plan.failed_ranks),
+                          from_step=plan.restore_step, tier=plan.farthest_tier,
+                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000])
 
 
-def _close_recovery(status: Mapping[str, Any], generation: int, now: float) -> dict[str, Any] | None:
+def _close_recovery(status: TrainingJobStatus, generation: int, now: float) -> RecoveryRecord | None:
     """The recovery record of ``generation`` with ``resumedAt``/``seconds`` set (``None`` if absent)."""
-    rec = next((r for r in status.get("recoveries") or [] if r.get("generation") == generation), None)
-    if rec is None or rec.get("resumedAt"):
+    rec = next((r for r in status.recoveries if r.generation == generation), None)
+    if rec is None or rec.resumed_at is not None:
         return None
-    started = datetime.fromisoformat(rec["startedAt"].replace("Z", "+00:00")).timestamp()
-    seconds = max(0.0, now - started)
-    metrics.RECOVERY_SECONDS.labels(rec.get("kind", "")).observe(seconds)
-    return {**rec, "resumedAt": _iso(now), "seconds": round(seconds, 3)}
+    seconds = max(0.0, now - rec.started_at.timestamp())
+    metrics.RECOVERY_SECONDS.labels(rec.kind.value).observe(seconds)
+    return rec.model_copy(update={"resumed_at": datetime.fromtimestamp(int(now), timezone.utc),
+                                  "seconds": round(seconds, 3)})
 
 
 def _differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

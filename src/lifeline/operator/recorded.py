@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifeline.control.plan import RecoveryPlan
+from lifeline.api.recovery import RecoveryPlan
 
 __all__ = ["PREFIX", "Recorded"]
 

@@ -14,21 +14,18 @@ See ``docs/runtime.md``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lifeline._lazy import exports
 
-# Lazy exports: ``lifeline.runtime.cli`` is imported by ``lifeline --help`` and must not pull in torch.
+# Lazy: the runtime imports torch, and ``lifeline.models.cli`` (imported by ``lifeline --help``) names it.
 _EXPORTS = {
     "Checkpointer": "_checkpointer",
     "StorageCheckpointer": "_checkpointer",
     "SidecarCheckpointer": "_sidecar",
     "staged_key": "_checkpointer",
-    "RecoveryPlan": "_context",
     "RuntimeContext": "_context",
     "init": "_context",
     "Superseded": "_rendezvous",
     "rendezvous": "_rendezvous",
-    "rendezvous_key": "_rendezvous",
     "ModelSpec": "_training",
     "Trainable": "_training",
     "TrainingSummary": "_training",
@@ -37,24 +34,12 @@ _EXPORTS = {
     "read_events": "events",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lifeline.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lifeline.runtime.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = exports(__name__, _EXPORTS)
 
 
 __all__ = [
     "Checkpointer",
     "ModelSpec",
-    "RecoveryPlan",
     "RuntimeContext",
     "SidecarCheckpointer",
     "StorageCheckpointer",
@@ -65,7 +50,6 @@ __all__ = [
     "is_collective_error",
     "read_events",
     "rendezvous",
-    "rendezvous_key",
     "run_training",
     "staged_key",
 ]

@@ -13,30 +13,13 @@ import torch
 import torch.distributed as dist
 
 from lifeline.api.pod import TrainerSettings
+from lifeline.api.recovery import RecoveryPlan
+from lifeline.catalog import Catalog, ProgressReport
 from lifeline.checkpoint import Layout
 from lifeline.errors import CatalogError, ConfigError, LayoutError, RecoveryError
-from lifeline.runtime._rendezvous import Superseded, redis_call, rendezvous
+from lifeline.runtime._rendezvous import Superseded, rendezvous
 
-__all__ = ["RuntimeContext", "init", "RecoveryPlan"]
-
-
-@dataclass(frozen=True)
-class RecoveryPlan:
-    """What the runtime needs of a recovery plan published in the catalog (``plan:<generation>``).
-
-    The plan is written by the operator or launcher (``lifeline.control``) as JSON; the runtime
-    reads ``generation`` and ``restore_step`` (the step every rank restores; ``null`` means start
-    from scratch; ``step`` is accepted as an alias). Other fields are kept in ``raw``.
-    """
-
-    generation: int
-    restore_step: int | None
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @classmethod
-    def from_dict(cls, generation: int, d: dict[str, Any]) -> RecoveryPlan:
-        step = d.get("restore_step", d.get("step"))
-        return cls(int(d.get("generation", generation)), None if step is None else int(step), dict(d))
+__all__ = ["RuntimeContext", "init"]
 
 
 @dataclass
@@ -61,7 +44,7 @@ class RuntimeContext:
     world_size: int
     generation: int
     backend: str
-    catalog: Any = None
+    catalog: Catalog | None = None
     restarts: int = 0
     join_seconds: dict[str, float] = field(default_factory=dict)
     _store: Any = field(default=None, repr=False)
@@ -149,24 +132,23 @@ class RuntimeContext:
         return self.generation if self.catalog is None else self.catalog.generation()
 
     def plan(self, generation: int) -> RecoveryPlan | None:
-        """The recovery plan of ``generation`` from the catalog, or ``None``."""
-        if self.catalog is None:
-            return None
-        raw = self.catalog.plan(generation)
-        return None if raw is None else RecoveryPlan.from_dict(generation, raw)
+        """The recovery plan of ``generation`` from the catalog, or ``None``.
 
-    def newer_plan(self) -> RecoveryPlan | None:
-        """A plan for a generation newer than ours, if the catalog has one (one Redis GET).
+        Raises:
+            CatalogError: Redis is unreachable or the stored plan is malformed.
+        """
+        return None if self.catalog is None else self.catalog.plan(generation)
+
+    def newer_generation(self) -> int | None:
+        """The catalog's generation when it is newer than ours (one Redis GET), else ``None``.
 
         ``None`` as well while Redis is unreachable: a healthy rank keeps training, and a real
         failure still surfaces as a collective error."""
         try:
             current = self.current_generation()
-            if current <= self.generation:
-                return None
-            return self.plan(current) or RecoveryPlan(current, None)
         except CatalogError:
             return None
+        return current if current > self.generation else None
 
     def wait_for_plan(self, timeout: float | None = None, poll: float = 0.02) -> RecoveryPlan:
         """Block until a plan for a generation newer than ours is published; return it.
@@ -180,8 +162,12 @@ class RuntimeContext:
         timeout = self.settings.recovery_timeout_seconds if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
-            plan = self.newer_plan()
-            if plan is not None and plan.raw:
+            newer = self.newer_generation()
+            try:
+                plan = self.plan(newer) if newer is not None else None
+            except CatalogError:
+                plan = None
+            if plan is not None:
                 return plan
             if time.monotonic() > deadline:
                 raise RecoveryError(f"no recovery plan after generation {self.generation} within {timeout:.0f} s",
@@ -201,14 +187,15 @@ class RuntimeContext:
     # --- progress ------------------------------------------------------------------------------
     def report(self, event: str, *, record: bool = True, **fields: Any) -> None:
         """Print one JSON line ``{"event", "job", "rank", "generation", ...fields}`` to stdout and, with
-        ``record``, store it as this rank's latest progress in the catalog (hash
-        ``lifeline:<job>:progress``; timing-only events such as ``join`` are printed only)."""
-        line = json.dumps({"event": event, "job": self.job, "rank": self.rank, "generation": self.generation,
-                           "time": round(time.time(), 4), **fields}, sort_keys=True)
-        print(line, file=sys.stdout, flush=True)
+        ``record``, store it as this rank's latest :class:`~lifeline.catalog.ProgressReport` in the
+        catalog (timing-only events such as ``join`` are printed only)."""
+        step = fields.pop("step", None)
+        report = ProgressReport(event, self.job, self.rank, self.generation, round(time.time(), 4),
+                                None if step is None else int(step), fields)
+        print(report.to_json(), file=sys.stdout, flush=True)
         if record and self.catalog is not None:
             try:
-                redis_call(self.catalog, self.catalog.r.hset, f"{self.catalog.prefix}progress", str(self.rank), line)
+                self.catalog.report(report)
             except CatalogError as err:  # progress is best-effort: training goes on while Redis is away
                 print(json.dumps({"event": "catalog_error", "rank": self.rank, "error": str(err)}), file=sys.stderr)
 
@@ -251,8 +238,6 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
     layout = _layout(settings)
     catalog = None
     if settings.redis_url:
-        from lifeline.sidecar.catalog import Catalog
-
         catalog = Catalog(settings.redis_url, settings.job, settings.world_size)
     elif settings.world_size > 1:
         raise ConfigError("LIFELINE_REDIS_URL is required when LIFELINE_WORLD_SIZE > 1 (the rendezvous goes "

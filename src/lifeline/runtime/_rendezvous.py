@@ -1,7 +1,8 @@
 """DNS-free rendezvous of one process-group generation through the Redis catalog.
 
 Rank 0 of generation ``g`` starts a ``TCPStore`` on its pod IP (an ephemeral port) and
-publishes ``host:port`` under ``lifeline:<job>:rdzv:<g>``; every other rank polls that key
+publishes ``host:port`` in the catalog (:meth:`lifeline.catalog.Catalog.publish_rendezvous`);
+every other rank polls it
 until its deadline and connects, reading the key again when an address refuses (a rank 0 that
 died after publishing is replaced by one that publishes anew). Peers never resolve names: the
 dev cluster has no DNS.
@@ -12,12 +13,12 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import redis
 import torch.distributed as dist
 
-from lifeline.errors import CatalogError, RecoveryError
+from lifeline.catalog import Catalog
+from lifeline.errors import RecoveryError
 
-__all__ = ["rendezvous", "rendezvous_key", "redis_call", "Superseded"]
+__all__ = ["rendezvous", "Superseded"]
 
 RDZV_TTL_SECONDS = 7 * 24 * 3600
 CONNECT_ATTEMPT_SECONDS = 3.0
@@ -32,25 +33,12 @@ class Superseded(Exception):
         self.generation = generation
 
 
-def redis_call(catalog, fn, *args, **kwargs):
-    """Call a redis-py method, turning a Redis failure into :class:`CatalogError`."""
-    try:
-        return fn(*args, **kwargs)
-    except redis.RedisError as err:
-        raise CatalogError(f"Redis catalog unavailable: {err}", job=catalog.job) from err
-
-
-def rendezvous_key(catalog, generation: int) -> str:
-    """The catalog key holding generation ``generation``'s store address (``host:port``)."""
-    return f"{catalog.prefix}rdzv:{generation}"
-
-
-def rendezvous(catalog, *, rank: int, world_size: int, generation: int, pod_ip: str,
+def rendezvous(catalog: Catalog, *, rank: int, world_size: int, generation: int, pod_ip: str,
                timeout: float, poll: float = 0.02) -> dist.TCPStore:
     """The ``TCPStore`` of ``generation`` (hosted by rank 0, found by the others through Redis).
 
     Args:
-        catalog: a :class:`lifeline.sidecar.catalog.Catalog` (its ``r`` client and ``prefix``).
+        catalog: the job's :class:`lifeline.catalog.Catalog`.
         timeout: seconds to wait for rank 0's address and for the store connection.
         poll: seconds between looks at the catalog.
 
@@ -58,15 +46,14 @@ def rendezvous(catalog, *, rank: int, world_size: int, generation: int, pod_ip: 
         Superseded: the catalog's generation passed ``generation`` while waiting.
         RecoveryError: no address appeared before the deadline (names the key).
     """
-    key = rendezvous_key(catalog, generation)
     if rank == 0:
         store = dist.TCPStore(pod_ip, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout),
                               wait_for_workers=False)
-        redis_call(catalog, catalog.r.set, key, f"{pod_ip}:{store.port}", ex=RDZV_TTL_SECONDS)
+        catalog.publish_rendezvous(generation, f"{pod_ip}:{store.port}", RDZV_TTL_SECONDS)
         return store
     deadline = time.monotonic() + timeout
     while True:
-        address = redis_call(catalog, catalog.r.get, key)
+        address = catalog.rendezvous_address(generation)
         if address:
             # A stale address (a previous incarnation of rank 0 that joined this generation and
             # died, e.g. a pod an elastic reshard replaced) refuses connections: try it briefly,
@@ -84,5 +71,5 @@ def rendezvous(catalog, *, rank: int, world_size: int, generation: int, pod_ip: 
         if time.monotonic() > deadline:
             raise RecoveryError(f"no reachable rendezvous store for generation {generation} within {timeout:.0f} s "
                                 f"(last address: {address or 'none'}; is rank 0 of this generation running?)",
-                                job=catalog.job, rank=rank, key=key)
+                                job=catalog.job, rank=rank, key=catalog.rendezvous_key(generation))
         time.sleep(poll)

@@ -7,10 +7,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from lifeline.catalog import Catalog
 from lifeline.checkpoint import Layout, PatternRules, list_steps, load, plan_shard, storage_from_uri
 from lifeline.errors import CheckpointError
+from lifeline.sidecar.client import SidecarClient
 
-__all__ = ["SidecarCheckpointer", "ReshardingSidecarCheckpointer"]
+__all__ = ["SidecarCheckpointer"]
 
 
 class SidecarCheckpointer:
@@ -55,8 +57,6 @@ class SidecarCheckpointer:
             SidecarError: no sidecar answered in time.
         """
         if self._client is None:
-            from lifeline.sidecar import SidecarClient
-
             self._client = SidecarClient(self.settings)
         return self._client
 
@@ -98,8 +98,6 @@ class SidecarCheckpointer:
         url = getattr(self.settings, "redis_url", "")
         if step is None or not url:
             return None
-        from lifeline.sidecar.catalog import Catalog
-
         catalog = Catalog(url, self.settings.job, self.settings.world_size)
         try:
             raw = catalog.meta(step, 0)
@@ -133,6 +131,3 @@ class SidecarCheckpointer:
         """The job's latest complete step, or ``None``."""
         return self.client.latest_complete_step()
 
-
-ReshardingSidecarCheckpointer = SidecarCheckpointer
-"""Alias (the launch part's proposed name): :class:`SidecarCheckpointer` reshards from L2 itself."""

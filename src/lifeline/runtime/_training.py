@@ -14,7 +14,7 @@ import torch.distributed as dist
 from lifeline.checkpoint import Layout
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
-from lifeline.runtime._context import RecoveryPlan, RuntimeContext
+from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._rendezvous import Superseded
 
 __all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
@@ -117,7 +117,7 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
         try:
             generation = ctx.rejoin(plan.generation)
             if generation != plan.generation:
-                plan = ctx.plan(generation) or RecoveryPlan(generation, plan.restore_step)
+                plan = ctx.plan(generation) or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
             trainer = _restore(ctx, spec, trainer, checkpointer, plan.restore_step)
@@ -161,9 +161,9 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     last_loss = None
     while trainer.step < steps:
         try:
-            newer = ctx.newer_plan()
+            newer = ctx.newer_generation()
             if newer is not None:
-                raise Superseded(newer.generation)
+                raise Superseded(newer)
             result = trainer.train_step()
             last_loss = result.loss
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,

@@ -9,24 +9,15 @@ Imports are lazy so ``lifeline --help`` does not load torch.
 
 from __future__ import annotations
 
-from typing import Any
+from lifeline._lazy import exports
 
-__all__ = ["SidecarClient", "SaveReceipt", "RestoreResult", "LogKey", "Sidecar", "run_sidecar", "Catalog"]
+__all__ = ["SidecarClient", "SaveReceipt", "RestoreResult", "LogKey", "Sidecar", "run_sidecar"]
 
-_WHERE = {
-    "SidecarClient": "lifeline.sidecar.client",
-    "SaveReceipt": "lifeline.sidecar.client",
-    "RestoreResult": "lifeline.sidecar.client",
-    "LogKey": "lifeline.sidecar.ulog",
-    "Sidecar": "lifeline.sidecar.server",
-    "run_sidecar": "lifeline.sidecar.server",
-    "Catalog": "lifeline.sidecar.catalog",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'lifeline.sidecar' has no attribute {name!r}")
+__getattr__, __dir__ = exports(__name__, {
+    "SidecarClient": "client",
+    "SaveReceipt": "client",
+    "RestoreResult": "client",
+    "LogKey": "_logkey",
+    "Sidecar": "server",
+    "run_sidecar": "server",
+})

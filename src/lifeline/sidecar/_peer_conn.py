@@ -118,7 +118,7 @@ def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
     h = Holding(kind, step, rank, n, buf, meta, "L1", None, name)
     sc.store.add(h, keep=sc.s.keep if kind == "shard" else None)
     if kind == "shard":
-        sc.catalog_try(sc.catalog.add_holding, step, rank, f"L1@{sc.rank}", meta)
+        sc.catalog_try(sc.catalog.add_holding, step, rank, "L1", sc.rank, meta)
     sc.update_gauges()
     send_ctrl(conn, {"op": "ack"})
     return True

@@ -7,6 +7,7 @@ import os
 import queue
 import time
 
+from lifeline.catalog import SidecarRegistration
 from lifeline.errors import CatalogError, ChecksumError, ManifestError, PeerError, StorageError
 
 log = logging.getLogger("lifeline.sidecar.workers")
@@ -151,7 +152,7 @@ def heartbeat(sc) -> None:
     while True:
         try:
             was = sc.catalog.is_registered(sc.rank)
-            sc.catalog.register(sc.rank, _info(sc), ttl_seconds=3 * period)
+            sc.catalog.register(_info(sc), ttl_seconds=3 * period)
             if sc.catalog_dirty or not was:
                 _resync(sc)
                 sc.catalog_dirty = False
@@ -169,9 +170,8 @@ def heartbeat(sc) -> None:
             return
 
 
-def _info(sc) -> dict:
-    return {"rank": sc.rank, "node": sc.s.node, "host": sc.s.pod_ip, "port": sc.peer_port,
-            "metrics_port": sc.metrics_port, "pid": os.getpid()}
+def _info(sc) -> SidecarRegistration:
+    return SidecarRegistration(sc.rank, sc.s.node, sc.s.pod_ip, sc.peer_port, sc.metrics_port, os.getpid())
 
 
 def _resync(sc) -> None:
@@ -180,8 +180,7 @@ def _resync(sc) -> None:
     for h in sc.store.items():
         if h.kind != "shard":
             continue
-        holder = f"L0@{sc.rank}" if h.tier == "L0" else f"L1@{sc.rank}"
-        sc.catalog.add_holding(h.step, h.rank, holder, h.meta)
+        sc.catalog.add_holding(h.step, h.rank, h.tier, sc.rank, h.meta)
         steps.add(h.step)
     for step in sorted(steps):
         latest = sc.catalog.try_advance(step, sc.s.required_tier)

@@ -21,7 +21,7 @@ from lifeline.api.pod import PodSettings
 from lifeline.errors import ArenaFullError, ConfigError, LayoutError, PeerError, RecoveryError, SidecarError
 from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
 from lifeline.sidecar.arena import ArenaView
-from lifeline.sidecar.ulog import LogKey
+from lifeline.sidecar._logkey import LogKey
 
 __all__ = ["SidecarClient", "SaveReceipt", "RestoreResult"]
 

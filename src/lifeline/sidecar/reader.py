@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from lifeline.errors import CatalogError, ManifestError, PeerError, StorageError
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 from lifeline.sidecar.peer import PeerClient
 
 __all__ = ["SidecarBlobReader", "manifest_from_catalog"]
@@ -68,7 +68,7 @@ class SidecarBlobReader:
         except CatalogError as err:
             log.warning("catalog unavailable for holders of step %d rank %d: %s", step, rank, err)
             return []
-        return sorted({int(h.split("@")[1]) for h in holders if "@" in h})
+        return sorted({h.holder for h in holders if h.holder is not None})
 
     def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of rank's blob at step (nearest holder first)."""
@@ -78,7 +78,7 @@ class SidecarBlobReader:
                 reg = self.catalog.sidecar(k)
                 if reg is None:
                     continue
-                with PeerClient(reg["host"], reg["port"], secret=self.secret, job=self.job,
+                with PeerClient(reg.host, reg.port, secret=self.secret, job=self.job,
                                 source=self.source) as pc:
                     got, _ = pc.get(kind="shard", step=step, rank=rank, offset=offset, length=length)
                 return bytes(got)

@@ -23,10 +23,11 @@ import time
 from typing import Any
 
 from lifeline.api.pod import SidecarSettings
+from lifeline.catalog import Catalog, CorruptionReport
+from lifeline.control import place_replicas
 from lifeline.errors import CatalogError, ChecksumError, PeerError, RecoveryError, SidecarError, StorageError
 from lifeline.sidecar import _format
 from lifeline.sidecar.arena import Arena
-from lifeline.sidecar.catalog import Catalog
 from lifeline.sidecar.metrics import SidecarMetrics, serve_http
 from lifeline.sidecar.peer import PeerClient
 from lifeline.sidecar.store import Holding, Store
@@ -234,9 +235,8 @@ class Sidecar:
             self.release_slot(h.slot)
         if h.slot is None and h.pins == 0 and h.kind == "shard":
             self.give_buffer(h.buf)
-        holder = "L0@%d" % self.rank if h.tier == "L0" else "L1@%d" % self.rank
         if h.kind == "shard":
-            self.catalog_try(self.catalog.remove_holding, h.step, h.rank, holder)
+            self.catalog_try(self.catalog.remove_holding, h.step, h.rank, h.tier, self.rank)
 
     def take_buffer(self, nbytes: int) -> memoryview:
         """A buffer of exactly ``nbytes`` for an incoming replica: a spare one of that size if any
@@ -324,7 +324,7 @@ class Sidecar:
         self.store.add(h, keep=self.s.keep)
         self.latest_sealed = max(self.latest_sealed, step)
         self.metrics.latest_step.set(self.latest_sealed)
-        self.catalog_try(self.catalog.add_holding, step, self.rank, f"L0@{self.rank}", meta)
+        self.catalog_try(self.catalog.add_holding, step, self.rank, "L0", self.rank, meta)
         if self.s.required_tier == "L0":
             self.advance(step)
         due = self.s.persist_enabled and step % self.s.persist_every == 0
@@ -353,9 +353,9 @@ class Sidecar:
         if len(regs) < self.s.world_size:
             missing = sorted(set(range(self.s.world_size)) - set(regs))
             raise PeerError(f"placement waits for sidecars of ranks {missing} to register", job=self.job)
-        nodes = tuple(regs[r]["node"] for r in range(self.s.world_size))
+        nodes = tuple(regs[r].node for r in range(self.s.world_size))
         if nodes != self.placement_nodes:
-            self.placement = _place(nodes, self.s.peer_replicas)
+            self.placement = place_replicas(list(nodes), self.s.peer_replicas)
             self.placement_nodes = nodes
         return self.placement[self.rank]
 
@@ -364,7 +364,7 @@ class Sidecar:
         reg = self.catalog.sidecar(rank)
         if reg is None:
             raise PeerError(f"sidecar of rank {rank} is not registered", job=self.job, rank=rank)
-        return PeerClient(reg["host"], reg["port"], secret=self.secret, job=self.job, chunk_bytes=self.s.chunk_bytes,
+        return PeerClient(reg.host, reg.port, secret=self.secret, job=self.job, chunk_bytes=self.s.chunk_bytes,
                           timeout=timeout, source=self.s.pod_ip)
 
     # ------------------------------------------------------------------ restore
@@ -403,8 +403,8 @@ class Sidecar:
                 self.store.remove(h)
                 errors.append(str(err))
         meta = self.catalog_try(self.catalog.meta, step, rank)
-        holders = self.catalog_try(self.catalog.holders, step, rank) or set()
-        peers = sorted({int(x.split("@")[1]) for x in holders if "@" in x} - {self.rank})
+        holders = self.catalog_try(self.catalog.holders, step, rank) or frozenset()
+        peers = sorted({h.holder for h in holders if h.holder is not None} - {self.rank})
         for k in peers:
             try:
                 return self._fetch_into_slot(step, rank, meta, "L1", lambda v, k=k: self._from_peer(k, step, rank, v)), "L1"
@@ -460,14 +460,14 @@ class Sidecar:
         h = Holding("shard", step, rank, nbytes, self.arena.view(slot, nbytes), meta, "L0", slot)
         h.pins += 1
         self.store.add(h, keep=self.s.keep)
-        self.catalog_try(self.catalog.add_holding, step, rank, f"L0@{self.rank}", meta)
+        self.catalog_try(self.catalog.add_holding, step, rank, "L0", self.rank, meta)
         log.info("restored step %d rank %d from %s", step, rank, tier)
         return h
 
     def _drop_corrupt(self, k: int, step: int, rank: int) -> None:
         """Forget rank k's corrupt copy of (step, rank): catalog first, then ask k to delete it (best effort)."""
-        for holder in (f"L0@{k}", f"L1@{k}"):
-            self.catalog_try(self.catalog.remove_holding, step, rank, holder)
+        for tier in ("L0", "L1"):
+            self.catalog_try(self.catalog.remove_holding, step, rank, tier, k)
         try:
             with self.peer(k, timeout=5.0) as pc:
                 pc.delete(kind="shard", step=step, rank=rank)
@@ -478,21 +478,14 @@ class Sidecar:
         """Report a copy that failed verification: log, metric and a catalog entry."""
         self.metrics.errors.labels("checksum").inc()
         log.error("corrupt copy detected and not used (%s at %s): %s", tier, where, err)
-        self.catalog_try(self.catalog.report_corrupt, {
-            "step": err.step, "rank": err.rank, "tier": tier, "where": where, "by": self.rank,
-            "chunk": err.key, "error": str(err), "time": time.time(),
-        })
+        self.catalog_try(self.catalog.report_corrupt, CorruptionReport(
+            step=err.step, rank=err.rank, tier=tier, where=where, by=self.rank, chunk=err.key, error=str(err),
+            time=time.time()))
 
 
 def _copy(h: Holding, view: memoryview) -> tuple[int, str]:
     view[: h.nbytes] = h.buf[: h.nbytes]
     return h.nbytes, h.meta
-
-
-def _place(nodes: tuple[str, ...], replicas: int) -> dict[int, tuple[int, ...]]:
-    from lifeline.sidecar._placement import place
-
-    return place(nodes, replicas)
 
 
 def run_sidecar(settings: SidecarSettings) -> None:

@@ -12,52 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 
-from lifeline.errors import ChecksumError, ConfigError, LifelineError, PeerError
+from lifeline.control import place_replicas
+from lifeline.errors import ChecksumError, LifelineError, PeerError
 from lifeline.sidecar._frames import crc32c, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar._logkey import LogKey
 from lifeline.sidecar.store import Holding
 
 __all__ = ["LogKey", "serve_trainer_op"]
 
 log = logging.getLogger("lifeline.sidecar.ulog")
-
-
-@dataclass(frozen=True, slots=True)
-class LogKey:
-    """Key of one upstream-log entry.
-
-    Attributes:
-        iteration: training iteration (step) the tensor belongs to, >= 0.
-        micro_batch: micro-batch index within the iteration, >= 0.
-        stage: pipeline stage that sent the tensor, >= 0.
-        direction: ``"fwd"`` (activation sent to stage+1) or ``"bwd"`` (gradient sent to stage-1).
-    """
-
-    iteration: int
-    micro_batch: int
-    stage: int
-    direction: str
-
-    def __post_init__(self) -> None:
-        for f in ("iteration", "micro_batch", "stage"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
-                raise ConfigError(f"upstream-log key {f} must be an int >= 0", field=f)
-        if self.direction not in ("fwd", "bwd"):
-            raise ConfigError("upstream-log key direction must be 'fwd' or 'bwd'", field="direction")
-
-    @property
-    def name(self) -> str:
-        """The store name: ``<micro_batch>/<stage>/<direction>`` (the iteration is the step)."""
-        return f"{self.micro_batch}/{self.stage}/{self.direction}"
-
-    def to_dict(self) -> dict:
-        return {"iteration": self.iteration, "micro_batch": self.micro_batch, "stage": self.stage,
-                "direction": self.direction}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> LogKey:
-        return cls(int(d["iteration"]), int(d["micro_batch"]), int(d["stage"]), str(d["direction"]))
 
 
 def serve_trainer_op(sc, conn, msg: dict) -> None:
@@ -106,9 +70,8 @@ def _find(sc, key: LogKey, rank: int) -> tuple[memoryview, str]:
     try:
         regs = sc.catalog.sidecars()
         if len(regs) == sc.s.world_size:
-            from lifeline.sidecar._placement import place
-
-            candidates = list(place(tuple(regs[r]["node"] for r in range(sc.s.world_size)), sc.s.peer_replicas)[rank])
+            nodes = [regs[r].node for r in range(sc.s.world_size)]
+            candidates = list(place_replicas(nodes, sc.s.peer_replicas)[rank])
         candidates += [r for r in sorted(regs) if r not in candidates and r != sc.rank]
     except LifelineError:
         pass

@@ -12,6 +12,7 @@ Public API:
 * :class:`GPTMoETrainer` — one rank's model stage, AdamW, data loader and step.
 * :class:`GPTMoESpec` — the model spec :func:`lifeline.runtime.run_training` builds trainers from.
 * :func:`pattern_rules` — the universal-checkpoint ``PatternRules`` table.
+* :func:`check` — what ``lifeline run`` checks before starting (the ``lifeline.models`` entry point).
 * :func:`state` / :func:`load_state` — a rank's checkpoint state and its inverse.
 * :class:`StdlibLoader`, :func:`stdlib_corpus` — the deterministic, seekable data.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lifeline.checkpoint import Layout
+from lifeline.models.gpt_moe._check import check
 from lifeline.models.gpt_moe._config import BYTE_VOCAB, EOD_TOKEN, GPTMoEConfig
 from lifeline.models.gpt_moe._data import StdlibLoader, stdlib_corpus
 from lifeline.models.gpt_moe._layers import MoE, SwiGLU
@@ -43,6 +45,7 @@ __all__ = [
     "GPTMoESpec",
     "MoE",
     "SwiGLU",
+    "check",
     "StdlibLoader",
     "StepResult",
     "deterministic_cpu",

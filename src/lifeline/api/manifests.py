@@ -62,7 +62,7 @@ _HOSTNAME = "kubernetes.io/hostname"
 
 @dataclass(frozen=True)
 class PodConfig:
-    """Operator-wide inputs of every pod (from :class:`~lifeline.operator.settings.OperatorSettings`).
+    """Runner-wide inputs of every pod (the operator's settings, or ``lifeline run``'s services).
 
     Attributes:
         redis_url: the catalog URL handed to both containers.
@@ -178,6 +178,7 @@ def _sidecar_env(job: TrainingJob, config: PodConfig) -> list[dict]:
         _env("LIFELINE_PEER_REPLICAS", SidecarSettings, str(ck.peer_replicas)),
         _env("LIFELINE_PERSIST_URI", SidecarSettings, ck.persist.uri if ck.persist else ""),
         _env("LIFELINE_PERSIST_EVERY", SidecarSettings, str(ck.persist.every if ck.persist else 0)),
+        _env("LIFELINE_HEARTBEAT_SECONDS", SidecarSettings, f"{job.spec.recovery.heartbeat_seconds:g}"),
     ]
     if ck.memory_limit is not None:
         env.append(_env("LIFELINE_MEMORY_BYTES", SidecarSettings, str(ck.memory_limit)))

@@ -1,0 +1,306 @@
+"""The :class:`Catalog` client: every read and write of a job's Redis keys (redis-py; a real Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from lifeline.api.recovery import TIERS, Holding, RecoveryPlan, Tier
+from lifeline.catalog import _scripts
+from lifeline.catalog._keys import Keys, holder_member, parse_member
+from lifeline.catalog.documents import CorruptionReport, LogCoverage, ProgressReport, SidecarRegistration
+from lifeline.errors import CatalogError, LifelineError
+
+__all__ = ["Catalog", "CatalogView"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CatalogView:
+    """One read of what a runner needs of the catalog each round (:meth:`Catalog.view`).
+
+    Attributes:
+        generation: the job's current generation.
+        reports: rank -> its latest progress report.
+        registrations: rank -> its live sidecar registration (the heartbeat).
+        holdings: verified copies at the steps read.
+        complete_step: the latest complete step (``None``: none yet).
+        log_coverage: upstream-log coverage per stage.
+    """
+
+    generation: int = 0
+    reports: dict[int, ProgressReport] = field(default_factory=dict)
+    registrations: dict[int, SidecarRegistration] = field(default_factory=dict)
+    holdings: frozenset[Holding] = frozenset()
+    complete_step: int | None = None
+    log_coverage: tuple[LogCoverage, ...] = ()
+
+
+class Catalog:
+    """A typed client of one job's catalog keys (:mod:`lifeline.catalog._keys` lists them).
+
+    Args:
+        url: ``redis://[:password@]host:port/db``.
+        job: TrainingJob name (the key namespace).
+        world_size: number of ranks (completeness checks and per-rank reads).
+
+    Every method raises :class:`~lifeline.errors.CatalogError` (job in its context) when Redis is
+    unreachable or a stored document is malformed; callers on background threads catch it and
+    resynchronise once Redis is back.
+    """
+
+    def __init__(self, url: str, job: str, world_size: int) -> None:
+        self.job = job
+        self.world_size = world_size
+        self.keys = Keys(job)
+        self._r = redis.Redis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, decode_responses=True
+        )
+        self._advance = self._r.register_script(_scripts.ADVANCE)
+        self._persisted = self._r.register_script(_scripts.PERSISTED)
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except redis.RedisError as err:
+            raise CatalogError(f"Redis catalog unavailable: {err}", job=self.job) from err
+        except LifelineError as err:
+            if err.job is None:
+                err.job = self.job
+            raise
+
+    def ping(self) -> None:
+        """Raises CatalogError when Redis does not answer."""
+        self._call(self._r.ping)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._r.close()
+
+    # --- registry and heartbeats ---------------------------------------------------------------
+    def register(self, registration: SidecarRegistration, ttl_seconds: float) -> None:
+        """Write (or refresh) a sidecar's registration with a TTL: this is the heartbeat."""
+        self._call(self._r.set, self.keys.sidecar(registration.rank), registration.to_json(),
+                   px=int(ttl_seconds * 1000))
+
+    def is_registered(self, rank: int) -> bool:
+        """True when rank's registration exists (False after expiry or a Redis restart)."""
+        return bool(self._call(self._r.exists, self.keys.sidecar(rank)))
+
+    def sidecar(self, rank: int) -> SidecarRegistration | None:
+        """Rank's registration, or ``None`` when its sidecar is not alive."""
+        raw = self._call(self._r.get, self.keys.sidecar(rank))
+        return None if raw is None else self._call(SidecarRegistration.from_json, raw)
+
+    def sidecars(self) -> dict[int, SidecarRegistration]:
+        """Every live registration, by rank."""
+        raw = self._call(self._r.mget, [self.keys.sidecar(r) for r in range(self.world_size)])
+        return {r: self._call(SidecarRegistration.from_json, v) for r, v in enumerate(raw) if v}
+
+    # --- holdings ------------------------------------------------------------------------------
+    def add_holding(self, step: int, rank: int, tier: Tier, holder: int | None = None,
+                    meta_json: str | None = None) -> None:
+        """Record a verified copy of (step, rank) at ``tier`` held by rank ``holder``'s sidecar
+        (``None`` for L2), with the shard's metadata JSON when given."""
+        p = self._r.pipeline(transaction=True)
+        if meta_json is not None:
+            p.set(self.keys.meta(step, rank), meta_json)
+        p.sadd(self.keys.holders(step, rank), holder_member(tier, holder))
+        p.zadd(self.keys.steps, {str(step): step})
+        self._call(p.execute)
+
+    def remove_holding(self, step: int, rank: int, tier: Tier, holder: int | None = None) -> None:
+        """Forget a copy of (step, rank) (evicted or found corrupt)."""
+        self._call(self._r.srem, self.keys.holders(step, rank), holder_member(tier, holder))
+
+    def holders(self, step: int, rank: int) -> frozenset[Holding]:
+        """The recorded copies of (step, rank)."""
+        return self._holdings_from({(step, rank): self._call(self._r.smembers, self.keys.holders(step, rank))})
+
+    def holder_names(self, step: int, rank: int) -> frozenset[str]:
+        """The recorded copies of (step, rank) in their stored form (``L0@<r>``, ``L1@<r>``, ``L2``),
+        for inspection and logs."""
+        return frozenset(holder_member(h.tier, h.holder) for h in self.holders(step, rank))
+
+    def holdings_at(self, steps: Iterable[int]) -> frozenset[Holding]:
+        """Every recorded copy of every rank's shard at ``steps`` (one pipelined round trip)."""
+        pairs = [(s, r) for s in steps for r in range(self.world_size)]
+        if not pairs:
+            return frozenset()
+        p = self._r.pipeline(transaction=False)
+        for s, r in pairs:
+            p.smembers(self.keys.holders(s, r))
+        return self._holdings_from(dict(zip(pairs, self._call(p.execute))))
+
+    def _holdings_from(self, members: dict[tuple[int, int], Iterable[str]]) -> frozenset[Holding]:
+        out = set()
+        for (step, rank), found in members.items():
+            for m in found:
+                parsed = parse_member(m)
+                if parsed is not None and (parsed[1] is None or parsed[1] < self.world_size):
+                    out.add(Holding(step, rank, *parsed))
+        return frozenset(out)
+
+    def meta(self, step: int, rank: int) -> str | None:
+        """The ``ShardMetadata`` JSON of (step, rank), or ``None`` when unknown."""
+        return self._call(self._r.get, self.keys.meta(step, rank))
+
+    def metas(self, step: int) -> list[str | None]:
+        """The metadata JSON of every rank at step (``None`` where unknown)."""
+        return self._call(self._r.mget, [self.keys.meta(step, r) for r in range(self.world_size)])
+
+    def steps(self) -> list[int]:
+        """Every step with any recorded holding, ascending."""
+        return [int(s) for s in self._call(self._r.zrange, self.keys.steps, 0, -1)]
+
+    def forget_step(self, step: int, ranks: Iterable[int]) -> None:
+        """Drop every key of step (after garbage collection of all copies)."""
+        ranks = list(ranks)
+        p = self._r.pipeline(transaction=True)
+        p.delete(*[self.keys.holders(step, r) for r in ranks], *[self.keys.meta(step, r) for r in ranks])
+        p.zrem(self.keys.steps, str(step))
+        self._call(p.execute)
+
+    # --- the latest complete step, persistence -------------------------------------------------
+    def try_advance(self, step: int, tier: Tier) -> int:
+        """Atomically set the latest complete step to ``step`` if every rank has a holding at
+        ``tier``; never moves it backwards. Returns the latest complete step after the call (-1: none).
+
+        Raises:
+            CatalogError: an unknown tier, or Redis unreachable.
+        """
+        if tier not in TIERS:
+            raise CatalogError(f"unknown tier {tier!r}; expected one of {TIERS}", job=self.job, tier=str(tier))
+        args = [step, self.world_size, tier, self.keys.holders_prefix]
+        return int(self._call(self._advance, keys=[self.keys.complete], args=args))
+
+    def latest_complete_step(self) -> int | None:
+        """The job's latest complete step, or ``None`` when no checkpoint is complete yet."""
+        raw = self._call(self._r.get, self.keys.complete)
+        return int(raw) if raw is not None and int(raw) >= 0 else None
+
+    def mark_persisted(self, step: int, rank: int) -> bool:
+        """Record rank's blob of step as persisted; True for exactly one caller once all ranks are."""
+        keys = [self.keys.persisted(step), self.keys.commit(step)]
+        return bool(self._call(self._persisted, keys=keys, args=[rank, self.world_size]))
+
+    # --- corruption reports --------------------------------------------------------------------
+    def report_corrupt(self, report: CorruptionReport) -> None:
+        """Append a report of a copy that failed verification (kept for the operator)."""
+        self._call(self._r.rpush, self.keys.corrupt, report.to_json())
+
+    def corrupt_reports(self) -> list[CorruptionReport]:
+        """Every corruption report so far, oldest first."""
+        return [self._call(CorruptionReport.from_json, x) for x in self._call(self._r.lrange, self.keys.corrupt, 0, -1)]
+
+    # --- generations and recovery plans --------------------------------------------------------
+    def put_plan(self, plan: RecoveryPlan) -> None:
+        """Store ``plan`` and make its generation the job's current one (atomically)."""
+        p = self._r.pipeline(transaction=True)
+        p.set(self.keys.plan(plan.generation), plan.to_json())
+        p.set(self.keys.generation, plan.generation)
+        self._call(p.execute)
+
+    def plan(self, generation: int) -> RecoveryPlan | None:
+        """The recovery plan of ``generation``, or ``None``.
+
+        Raises:
+            CatalogError: the stored document is not a plan.
+        """
+        raw = self._call(self._r.get, self.keys.plan(generation))
+        if raw is None:
+            return None
+        try:
+            return RecoveryPlan.from_json(raw)
+        except LifelineError as err:
+            raise CatalogError(f"plan of generation {generation}: {err.message}", job=self.job,
+                               key=self.keys.plan(generation)) from None
+
+    def generation(self) -> int:
+        """The job's current generation (0 before the first recovery)."""
+        raw = self._call(self._r.get, self.keys.generation)
+        return int(raw) if raw else 0
+
+    # --- trainer progress ----------------------------------------------------------------------
+    def report(self, report: ProgressReport) -> None:
+        """Store ``report`` as its rank's latest progress."""
+        self._call(self._r.hset, self.keys.progress, str(report.rank), report.to_json())
+
+    def progress(self) -> dict[int, ProgressReport]:
+        """Each rank's latest report; unreadable entries are left out."""
+        out = {}
+        for rank, line in self._call(self._r.hgetall, self.keys.progress).items():
+            try:
+                out[int(rank)] = ProgressReport.from_json(line)
+            except (CatalogError, ValueError):
+                continue
+        return out
+
+    # --- rendezvous ----------------------------------------------------------------------------
+    def publish_rendezvous(self, generation: int, address: str, ttl_seconds: float) -> None:
+        """Publish ``host:port`` of generation's rendezvous store (rank 0 hosts it)."""
+        self._call(self._r.set, self.keys.rendezvous(generation), address, px=int(ttl_seconds * 1000))
+
+    def rendezvous_address(self, generation: int) -> str | None:
+        """The published ``host:port`` of generation's rendezvous store, or ``None``."""
+        return self._call(self._r.get, self.keys.rendezvous(generation))
+
+    def rendezvous_key(self, generation: int) -> str:
+        """The key of generation's rendezvous address (for error messages)."""
+        return self.keys.rendezvous(generation)
+
+    # --- upstream-log coverage -----------------------------------------------------------------
+    def record_log_coverage(self, coverage: LogCoverage) -> None:
+        """Record which steps the upstream logs of a stage's neighbours cover."""
+        self._call(self._r.hset, self.keys.logs, str(coverage.stage), coverage.to_json())
+
+    def log_coverage(self) -> tuple[LogCoverage, ...]:
+        """The recorded coverage of every stage, by stage."""
+        raw = self._call(self._r.hgetall, self.keys.logs)
+        return tuple(self._call(LogCoverage.from_json, int(s), v) for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])))
+
+    # --- ownership -----------------------------------------------------------------------------
+    def own(self, uid: str) -> bool:
+        """Make the job name's keys belong to the TrainingJob ``uid``: a new job of an old name must
+        not inherit the old job's progress or plans. Returns True when another owner's keys were wiped."""
+        if self._call(self._r.get, self.keys.owner) == uid:
+            return False
+        self.wipe()
+        self._call(self._r.set, self.keys.owner, uid)
+        return True
+
+    def forget(self, uid: str) -> bool:
+        """Wipe the job's keys if ``uid`` owns them (the TrainingJob was deleted); True when wiped."""
+        if self._call(self._r.get, self.keys.owner) != uid:
+            return False
+        self.wipe()
+        return True
+
+    def wipe(self) -> None:
+        """Delete every key of the job."""
+        keys = list(self._call(lambda: list(self._r.scan_iter(match=self.keys.pattern, count=500))))
+        for i in range(0, len(keys), 500):
+            self._call(self._r.delete, *keys[i:i + 500])
+
+    # --- one read per round --------------------------------------------------------------------
+    def view(self, *, recent_steps: int, persist_every: int = 0) -> CatalogView:
+        """Generation, progress, registrations, the latest complete step, upstream-log coverage,
+        and the holdings of the ``recent_steps`` newest steps plus the two newest multiples of
+        ``persist_every`` (so the latest L2 checkpoint is seen however many memory steps follow it).
+        """
+        every = self.steps()
+        steps = set(every[-recent_steps:]) if recent_steps > 0 else set()
+        if persist_every > 0:
+            steps |= set([s for s in every if s % persist_every == 0][-2:])
+        return CatalogView(
+            generation=self.generation(),
+            reports=self.progress(),
+            registrations=self.sidecars(),
+            holdings=self.holdings_at(sorted(steps)),
+            complete_step=self.latest_complete_step(),
+            log_coverage=self.log_coverage(),
+        )

@@ -1,0 +1,106 @@
+"""Every Redis key of a job, spelled once. Nothing outside :mod:`lifeline.catalog` builds a key.
+
+All keys are namespaced ``lifeline:<job>:``:
+
+=============================  =====================================================================
+``sidecar:<rank>``             :class:`~lifeline.catalog.SidecarRegistration` JSON; expires after the
+                               heartbeat TTL unless refreshed (the registration *is* the heartbeat)
+``holders:<step>:<rank>``      set of holdings of rank's shard at step: ``L0@<r>``, ``L1@<r>``
+                               (held by rank r's sidecar) or ``L2`` (persisted object)
+``meta:<step>:<rank>``         the shard's ``ShardMetadata`` JSON (checksums of every chunk)
+``steps``                      sorted set of steps with any holding
+``complete``                   the job's latest complete step (advanced only by a Lua script)
+``persisted:<step>``           set of ranks whose blob is in L2; ``commit:<step>`` the rank committing it
+``corrupt``                    list of :class:`~lifeline.catalog.CorruptionReport` JSON
+``plan:<generation>``          a :class:`~lifeline.api.recovery.RecoveryPlan` JSON
+``generation``                 the job's current generation
+``progress``                   hash rank -> the rank's latest :class:`~lifeline.catalog.ProgressReport`
+``rdzv:<generation>``          ``host:port`` of that generation's rendezvous store
+``logs``                       hash stage -> upstream-log coverage ``{"first": s, "last": s}``
+``owner``                      UID of the TrainingJob owning these keys
+=============================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lifeline.api.recovery import Tier
+
+__all__ = ["Keys", "holder_member", "parse_member"]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key names of one job (``prefix`` is ``lifeline:<job>:``)."""
+
+    job: str
+
+    @property
+    def prefix(self) -> str:
+        """``lifeline:<job>:`` (every key of the job starts with it)."""
+        return f"lifeline:{self.job}:"
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of the job."""
+        return self.prefix + "*"
+
+    def sidecar(self, rank: int) -> str:
+        return f"{self.prefix}sidecar:{rank}"
+
+    def holders(self, step: int, rank: int) -> str:
+        return f"{self.prefix}holders:{step}:{rank}"
+
+    @property
+    def holders_prefix(self) -> str:
+        """What the Lua script appends ``<step>:<rank>`` to."""
+        return f"{self.prefix}holders:"
+
+    def meta(self, step: int, rank: int) -> str:
+        return f"{self.prefix}meta:{step}:{rank}"
+
+    def persisted(self, step: int) -> str:
+        return f"{self.prefix}persisted:{step}"
+
+    def commit(self, step: int) -> str:
+        return f"{self.prefix}commit:{step}"
+
+    def plan(self, generation: int) -> str:
+        return f"{self.prefix}plan:{generation}"
+
+    def rendezvous(self, generation: int) -> str:
+        return f"{self.prefix}rdzv:{generation}"
+
+    steps = property(lambda self: f"{self.prefix}steps")
+    complete = property(lambda self: f"{self.prefix}complete")
+    corrupt = property(lambda self: f"{self.prefix}corrupt")
+    generation = property(lambda self: f"{self.prefix}generation")
+    progress = property(lambda self: f"{self.prefix}progress")
+    logs = property(lambda self: f"{self.prefix}logs")
+    owner = property(lambda self: f"{self.prefix}owner")
+
+
+def holder_member(tier: Tier, holder: int | None) -> str:
+    """The set member recording a holding: ``L0@<r>``/``L1@<r>`` (rank r's sidecar) or ``L2``.
+
+    Raises:
+        ValueError: a memory tier without a holder, or L2 with one.
+    """
+    if tier == "L2":
+        if holder is not None:
+            raise ValueError("an L2 holding has no holder rank")
+        return "L2"
+    if holder is None:
+        raise ValueError(f"an {tier} holding needs the holder rank")
+    return f"{tier}@{holder}"
+
+
+def parse_member(member: str) -> tuple[Tier, int | None] | None:
+    """The inverse of :func:`holder_member`; ``None`` for a member it does not recognise."""
+    tier, _, holder = member.partition("@")
+    if tier == "L2" and not holder:
+        return "L2", None
+    if tier in ("L0", "L1") and holder.isdigit():
+        return tier, int(holder)  # type: ignore[return-value]
+    return None

@@ -1,0 +1,36 @@
+"""The catalog's Lua scripts: the only multi-key updates that must be atomic."""
+
+from __future__ import annotations
+
+__all__ = ["ADVANCE", "PERSISTED"]
+
+ADVANCE = """
+-- KEYS[1] = complete key; ARGV = step, world_size, tier, holders prefix. Returns the latest complete step.
+local step = tonumber(ARGV[1])
+local world = tonumber(ARGV[2])
+local tier = ARGV[3]
+local prefix = ARGV[4]
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if step <= cur then return cur end
+for r = 0, world - 1 do
+  local members = redis.call('SMEMBERS', prefix .. step .. ':' .. r)
+  local ok = false
+  for _, m in ipairs(members) do
+    if m == tier or string.sub(m, 1, string.len(tier) + 1) == tier .. '@' then ok = true break end
+  end
+  if not ok then return cur end
+end
+redis.call('SET', KEYS[1], step)
+return step
+"""
+"""Advance the latest complete step to ARGV[1] when every rank holds a copy at the tier; never backwards."""
+
+PERSISTED = """
+-- KEYS[1] = persisted:<step>, KEYS[2] = commit:<step>; ARGV = rank, world. 1 if the caller must commit.
+redis.call('SADD', KEYS[1], ARGV[1])
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  if redis.call('SET', KEYS[2], ARGV[1], 'NX') then return 1 end
+end
+return 0
+"""
+"""Record a rank's blob as persisted; exactly one caller learns it completes the set and commits."""

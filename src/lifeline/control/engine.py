@@ -1,0 +1,331 @@
+"""The decision engine of both runners: what a runner observed in, the job's next phase and plan out.
+
+The operator (``lifeline.operator``) and ``lifeline run`` (``lifeline.launch``) each gather what
+they see into an :class:`Observed` (their own signals: container terminations, pods gone, node
+conditions, which sidecars run where; and the catalog's :class:`CatalogFacts`) and remember a
+:class:`Record` of the job; :func:`decide` applies one set of rules, with the timeouts and grace
+periods of ``spec.recovery``, and returns a :class:`Decision`. The runners then apply its plan.
+
+Rules, in order:
+
+1. **Succeeded** when every trainer finished (exit 0, or a ``done`` report from every rank).
+2. **Failures** from the runner's signals plus what the catalog shows:
+
+   * a sidecar the runner sees running but whose registration is gone has lost its heartbeat:
+     at once when the runner saw it registered more than one heartbeat period ago, else once
+     ``startupGraceSeconds`` passed since it started (an empty registry means Redis lost its
+     data, not that every sidecar died, and judges nobody);
+   * a collective error reported alone (in the current generation) counts only after
+     ``collectiveGraceSeconds``: a dead peer's own signal (its exit, its silent sidecar) must
+     have had time to show, so that a node loss is one recovery, not a restart in place first;
+   * no step progress for ``hangTimeoutSeconds`` (measured from the newest report or the last
+     recovery, whichever is later) is a hang.
+
+   :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
+   picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
+   flight are filed) or :data:`SETTLE_SECONDS` passed since the first signal.
+3. **Recovering** becomes **Running** once every rank trained in the new generation.
+4. Otherwise **Running** when every rank is ready (or the job was running), else **Pending**.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from lifeline.api.recovery import Failure, Holding, RecoveryPlan
+from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
+from lifeline.control.failures import CollectiveErrorReported, HeartbeatExpired, Signal, StepStalled, classify
+from lifeline.control.plan import plan_recovery
+from lifeline.control.progress import Progress, Report
+from lifeline.control.state import ClusterState, JobState, UpstreamLog
+
+__all__ = ["SETTLE_SECONDS", "SidecarState", "CatalogFacts", "Observed", "Record", "Settle", "Decision", "decide"]
+
+SETTLE_SECONDS = 1.0
+"""Planning waits at most this long after the first failure signal when the runner asks to settle
+(:class:`Settle`): the dead rank's last save may still be sealing, and survivors finish the step
+they are in before they block. A plan made on the settled holdings names a step every rank holds."""
+
+
+class _Registration(Protocol):
+    @property
+    def node(self) -> str: ...
+
+
+class _Coverage(Protocol):
+    @property
+    def stage(self) -> int: ...
+
+    @property
+    def first_step(self) -> int: ...
+
+    @property
+    def last_step(self) -> int: ...
+
+
+class _View(Protocol):
+    """What :meth:`CatalogFacts.of` reads (``lifeline.catalog.CatalogView`` has it)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def reports(self) -> Mapping[int, Report]: ...
+
+    @property
+    def registrations(self) -> Mapping[int, _Registration]: ...
+
+    @property
+    def holdings(self) -> frozenset[Holding]: ...
+
+    @property
+    def complete_step(self) -> int | None: ...
+
+    @property
+    def log_coverage(self) -> Iterable[_Coverage]: ...
+
+
+@dataclass(frozen=True)
+class CatalogFacts:
+    """What the catalog says of the job this round.
+
+    Attributes:
+        generation: the catalog's current generation.
+        progress: the trainers' progress (:class:`~lifeline.control.progress.Progress` of that generation).
+        registered: rank -> node of each live sidecar registration (the heartbeat).
+        holdings: verified copies of the recent steps.
+        complete_step: the latest complete step (``None``: none yet).
+        upstream_logs: upstream-log coverage per stage.
+    """
+
+    generation: int = 0
+    progress: Progress = field(default_factory=Progress)
+    registered: Mapping[int, str] = field(default_factory=dict)
+    holdings: frozenset[Holding] = frozenset()
+    complete_step: int | None = None
+    upstream_logs: tuple[UpstreamLog, ...] = ()
+
+    @classmethod
+    def of(cls, view: _View) -> CatalogFacts:
+        """From one catalog read (:meth:`lifeline.catalog.Catalog.view`)."""
+        return cls(
+            generation=view.generation,
+            progress=Progress.of(view.reports.values(), view.generation),
+            registered={rank: reg.node for rank, reg in view.registrations.items()},
+            holdings=view.holdings,
+            complete_step=view.complete_step,
+            upstream_logs=tuple(UpstreamLog(c.stage, c.first_step, c.last_step) for c in view.log_coverage),
+        )
+
+
+@dataclass(frozen=True)
+class SidecarState:
+    """A rank's sidecar that the runner sees running (its container running, or its process alive).
+
+    Attributes:
+        rank: the rank.
+        node: the node it runs on.
+        running_since: when it started, seconds since the epoch.
+        last_seen: when this runner last saw it registered on ``node`` (``None``: not yet, or the
+            runner does not remember, e.g. an operator that restarted).
+    """
+
+    rank: int
+    node: str | None
+    running_since: float
+    last_seen: float | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a runner observed this round.
+
+    Attributes:
+        node_of_rank: node of each rank of the current layout (``None``: not placed, or a rank whose
+            old incarnation the current plan is replacing and which therefore says nothing new).
+        cluster: the nodes (ready, schedulable, capacity).
+        signals: the runner's own failure signals (container terminations not yet answered, pods
+            gone, node conditions of the nodes the job uses).
+        sidecars: the sidecars the runner sees running.
+        ready: ranks whose pod (or processes) are ready.
+        finished: every trainer exited 0.
+        catalog: the catalog's facts (``None``: the catalog could not be read this round).
+    """
+
+    node_of_rank: tuple[str | None, ...]
+    cluster: ClusterState
+    signals: tuple[Signal, ...] = ()
+    sidecars: tuple[SidecarState, ...] = ()
+    ready: frozenset[int] = frozenset()
+    finished: bool = False
+    catalog: CatalogFacts | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the runner remembers of the job (the operator: annotations and status; ``lifeline run``: memory).
+
+    Attributes:
+        phase, reason, message: the current phase and why.
+        generation: the current generation.
+        restarts: recoveries performed.
+        plan: the plan that started ``generation`` (``None`` at generation 0).
+        cool_downs: node -> expiry (seconds since the epoch) for the job's pods.
+        acted_at: when the current plan was made (restarts the hang clock; ``None``: never).
+        resumed_from: a run resumed from storage starts at this step, which counts as reached.
+    """
+
+    phase: str = "Pending"
+    reason: str = ""
+    message: str = ""
+    generation: int = 0
+    restarts: int = 0
+    plan: RecoveryPlan | None = None
+    cool_downs: Mapping[str, float] = field(default_factory=dict)
+    acted_at: float | None = None
+    resumed_from: int = 0
+
+    def layout(self, spec: TrainingJobSpec) -> LayoutSpec:
+        """The layout of the current generation (the plan's, after a reshard)."""
+        return self.plan.layout if self.plan is not None else spec.layout
+
+
+@dataclass(frozen=True)
+class Settle:
+    """A runner's wish to plan on settled holdings: ``since`` the first failure signal (seconds since
+    the epoch); ``quiet`` when every live trainer reported itself blocked and the holdings did not
+    change between two rounds."""
+
+    since: float
+    quiet: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The engine's answer for one round.
+
+    Attributes:
+        phase: Pending, Running, Recovering, Succeeded or Failed.
+        reason: CamelCase reason (conditions, events).
+        message: human-readable summary.
+        generation, layout: of the job after this decision.
+        failures: failures seen this round (empty when none).
+        plan: a new recovery plan to record and apply (``None``: none; a ``GiveUp`` plan with Failed).
+        resumed: training resumed after a recovery (close its record).
+        settling: failures are seen but planning waits for the job to settle.
+    """
+
+    phase: str
+    reason: str
+    message: str
+    generation: int
+    layout: LayoutSpec
+    failures: tuple[Failure, ...] = ()
+    plan: RecoveryPlan | None = None
+    resumed: bool = False
+    settling: bool = False
+
+
+def _silent_sidecars(spec: TrainingJobSpec, sidecars: Iterable[SidecarState], registered: Mapping[int, str],
+                     now: float) -> list[Signal]:
+    """:class:`HeartbeatExpired` for running sidecars without a live registration on their node."""
+    if not registered:
+        return []
+    rec = spec.recovery
+    out: list[Signal] = []
+    for sc in sidecars:
+        node = registered.get(sc.rank)
+        if node is not None and (sc.node is None or node in (sc.node, "")):
+            continue
+        if sc.last_seen is not None:
+            if now - sc.last_seen > rec.heartbeat_seconds:
+                out.append(HeartbeatExpired(sc.rank, sc.node, now - sc.last_seen))
+        elif now - sc.running_since > rec.startup_grace_seconds:
+            out.append(HeartbeatExpired(sc.rank, sc.node, now - sc.running_since))
+    return out
+
+
+def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, world: int,
+                     now: float) -> list[Signal]:
+    facts = observed.catalog
+    if facts is None:
+        return []
+    signals = _silent_sidecars(spec, observed.sidecars, facts.registered, now)
+    progress = facts.progress
+    if record.phase in ("Running", "Recovering") and progress.last_time is not None:
+        since = max(progress.last_time, record.acted_at or 0.0)
+        signals.append(StepStalled(progress.step, max(0.0, now - since)))
+    if facts.generation == record.generation:
+        grace = spec.recovery.collective_grace_seconds
+        signals += [CollectiveErrorReported(rank, observed.node_of_rank[rank], detail)
+                    for rank, detail, at in progress.failures if rank < world and now - at >= grace]
+    return signals
+
+
+def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: float,
+           settle: Settle | None = None) -> Decision:
+    """The job's next phase and, when something failed, the recovery plan (rules in the module docstring).
+
+    Args:
+        spec: the validated TrainingJob spec.
+        record: what the runner remembers of the job.
+        observed: what the runner observed this round.
+        now: seconds since the epoch (grace periods, cool-downs and hangs compare against it).
+        settle: plan only once the job is quiet (``lifeline run``, whose rounds are 50 ms apart).
+
+    Returns:
+        The :class:`Decision`; equal inputs give equal decisions (a round interrupted at any point
+        is simply repeated).
+
+    Raises:
+        ConfigError: ``observed.node_of_rank`` does not match the current layout's world size.
+    """
+    layout = record.layout(spec)
+    world = layout.world_size
+    g = record.generation
+    facts = observed.catalog
+    progress = facts.progress if facts is not None else Progress()
+    base = {"generation": g, "layout": layout}
+    if observed.finished or (facts is not None and progress.done_ranks >= set(range(world))):
+        return Decision("Succeeded", "TrainingComplete", f"all {world} ranks finished {spec.steps} steps",
+                        resumed=record.phase == "Recovering", **base)
+
+    signals = [*observed.signals, *_catalog_signals(spec, record, observed, world, now)]
+    failures = classify(signals, node_of_rank=observed.node_of_rank,
+                        hang_timeout_seconds=spec.recovery.hang_timeout_seconds)
+    if failures:
+        if facts is None:  # a plan needs the holdings: wait for the catalog rather than plan blind
+            return Decision(record.phase, "CatalogUnavailable", f"failures seen ({failures[0].describe()}); "
+                            "waiting for the catalog to plan the recovery", failures=failures, settling=True, **base)
+        if settle is not None and not settle.quiet and now - settle.since < SETTLE_SECONDS:
+            return Decision(record.phase, record.reason or record.phase, record.message, failures=failures,
+                            settling=True, **base)
+        cooling = {n: t for n, t in record.cool_downs.items() if t > now}
+        state = JobState(
+            layout=layout,
+            node_of_rank=tuple(n or "" for n in observed.node_of_rank),
+            cluster=ClusterState(nodes=observed.cluster.nodes, cool_downs=tuple(sorted(cooling.items()))),
+            step=max(progress.step, record.resumed_from),
+            generation=g,
+            restarts=record.restarts,
+            holdings=facts.holdings,
+            latest_complete_step=facts.complete_step,
+            upstream_logs=facts.upstream_logs,
+        )
+        plan = plan_recovery(state, failures, spec, now=now)
+        if plan.action is RecoveryAction.GIVE_UP:
+            return Decision("Failed", "GiveUp", plan.reason, failures=failures, plan=plan, **base)
+        return Decision("Recovering", plan.action.value, plan.reason, plan.generation, plan.layout,
+                        failures=failures, plan=plan)
+
+    if record.phase == "Recovering":
+        if facts is not None and facts.generation >= g and progress.trained_in(g, world):
+            return Decision("Running", "Recovered", f"training resumed in generation {g} at step {progress.step}",
+                            resumed=True, **base)
+        return Decision("Recovering", record.reason or "Recovering", record.message, **base)
+    unready = [r for r in range(world) if r not in observed.ready]
+    if not unready or record.phase == "Running":
+        return Decision("Running", "AllRanksReady", f"{world} ranks running, step {progress.step}", **base)
+    return Decision("Pending", "PodsStarting", f"waiting for the pods of ranks {unready} to be Ready", **base)

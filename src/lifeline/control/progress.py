@@ -1,0 +1,89 @@
+"""The trainers' progress as the decision engine reads it (pure; from the catalog's reports).
+
+Runners pass the catalog's per-rank reports (:class:`lifeline.catalog.ProgressReport`, or
+anything with the same attributes: :class:`Report`) to :meth:`Progress.of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Report", "Progress"]
+
+_TRAINING_EVENTS = ("step", "save", "done")
+
+
+class Report(Protocol):
+    """What the engine reads of one rank's latest progress report."""
+
+    @property
+    def event(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def time(self) -> float: ...
+
+    @property
+    def step(self) -> int | None: ...
+
+    @property
+    def error(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The trainers' progress from their latest reports.
+
+    Attributes:
+        step: the highest step any rank reported (0 when none).
+        min_step: the lowest step over the ranks that reported.
+        last_time: seconds since the epoch of the newest report (``None`` when none).
+        done_ranks: ranks whose latest event is ``done``.
+        failures: ``(rank, detail, time)`` of ranks whose latest event is a ``failure`` in the
+            generation passed to :meth:`of`.
+        latest: ``(rank, generation, event, step)`` of each rank's latest report, by rank.
+    """
+
+    step: int = 0
+    min_step: int = 0
+    last_time: float | None = None
+    done_ranks: frozenset[int] = frozenset()
+    failures: tuple[tuple[int, str, float], ...] = ()
+    latest: tuple[tuple[int, int, str, int], ...] = ()
+
+    @classmethod
+    def of(cls, reports: Iterable[Report], generation: int) -> Progress:
+        """Summarise the latest report of each rank; ``generation`` is the job's current one."""
+        reports = list(reports)
+        if not reports:
+            return cls()
+        steps = [r.step or 0 for r in reports]
+        return cls(
+            step=max(steps),
+            min_step=min(steps),
+            last_time=max(r.time for r in reports),
+            done_ranks=frozenset(r.rank for r in reports if r.event == "done"),
+            failures=tuple(sorted((r.rank, r.error, r.time) for r in reports
+                                  if r.event == "failure" and r.generation == generation)),
+            latest=tuple(sorted((r.rank, r.generation, r.event, r.step or 0) for r in reports)),
+        )
+
+    def trained_in(self, generation: int, world_size: int) -> bool:
+        """True when every rank ``< world_size`` reported a step (or finished) in ``generation``
+        or later: training has resumed after the recovery that started ``generation``."""
+        by_rank = {rank: (gen, event) for rank, gen, event, _ in self.latest}
+        return all(rank in by_rank and by_rank[rank][0] >= generation and by_rank[rank][1] in _TRAINING_EVENTS
+                   for rank in range(world_size))
+
+    def caught_up(self, generation: int, world_size: int, step: int) -> bool:
+        """True when every rank trained past ``step`` in ``generation`` or later."""
+        by_rank = {rank: (gen, event, s) for rank, gen, event, s in self.latest}
+        return all(rank in by_rank and by_rank[rank][0] >= generation and by_rank[rank][1] in _TRAINING_EVENTS
+                   and by_rank[rank][2] > step for rank in range(world_size))
