@@ -1,49 +1,42 @@
-"""Whole-checkpoint operations: keys, save and commit (manifest last), list, load, consolidate."""
+"""Whole-checkpoint operations: save and commit (manifest last), list, load, consolidate, verify.
+
+Keys are in ``_keys`` (re-exported here); every operation takes a :class:`Storage` and uses
+its optional capabilities (``_storage``) where it has them.
+"""
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 import torch
 
+from lifeline.checkpoint._keys import MANIFEST_RE, blob_key, manifest_key, step_prefix
 from lifeline.checkpoint._layout import Layout
-from lifeline.checkpoint._loader import LoadReport, StorageBlobReader, execute_load
-from lifeline.checkpoint._metadata import DEFAULT_BLOCK_SIZE, Manifest, ShardMetadata, seal_entries, seal_shard
-from lifeline.checkpoint._patterns import PatternRules, Replicated
+from lifeline.checkpoint._loader import LoadReport, execute_load
+from lifeline.checkpoint._manifest import Manifest
+from lifeline.checkpoint._metadata import DEFAULT_BLOCK_SIZE, ShardMetadata, seal_entries, seal_shard
+from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._persist import fused_put
 from lifeline.checkpoint._plan import ALIGN, ShardPlan, dtype_from_name, plan_shard, shard_buffers, write_shard
 from lifeline.checkpoint._planner import plan_load
+from lifeline.checkpoint._readers import BlobReader, StorageBlobReader
+from lifeline.checkpoint._rules import PatternRules
+from lifeline.checkpoint._storage import Storage, SupportsPutStream, SupportsSize
 from lifeline.errors import ChecksumError, ManifestError, StorageError
 
 __all__ = [
-    "step_prefix", "blob_key", "manifest_key", "save_blob", "persist_shard", "persist_state", "commit", "save", "save_states", "list_steps",
+    "step_prefix", "blob_key", "manifest_key",  # from _keys
+    "save_blob", "persist_shard", "persist_state", "commit", "save", "save_states", "list_steps",
     "read_manifest", "load_shard", "load", "consolidate", "delete_step", "verify_checkpoint",
 ]
 
-_STEP_RE = re.compile(r"(\d{12})/manifest\.json$")
 
+def save_blob(storage: Storage, prefix: str, meta: ShardMetadata, blob: Any) -> None:
+    """Put one rank's blob: the first ``meta.nbytes`` bytes of ``blob`` (a bytes-like object or a CPU tensor).
 
-def step_prefix(prefix: str, job: str, step: int) -> str:
-    """``<prefix>/<job>/<step:012d>`` (no leading slash when ``prefix`` is empty)."""
-    if step < 0:
-        raise ManifestError(f"step {step} must be >= 0", job=job, step=step)
-    return "/".join(p for p in (prefix.strip("/"), job, f"{step:012d}") if p)
-
-
-def blob_key(prefix: str, job: str, step: int, rank: int) -> str:
-    """``<prefix>/<job>/<step:012d>/rank-<r>.bin``."""
-    return f"{step_prefix(prefix, job, step)}/rank-{rank}.bin"
-
-
-def manifest_key(prefix: str, job: str, step: int) -> str:
-    """``<prefix>/<job>/<step:012d>/manifest.json``: the commit marker."""
-    return f"{step_prefix(prefix, job, step)}/manifest.json"
-
-
-def save_blob(storage: Any, prefix: str, meta: ShardMetadata, blob: Any) -> None:
-    """Put one rank's blob (``meta.nbytes`` bytes of ``blob``). Refuses to touch a committed step."""
+    Refuses to touch a committed step; that and a failed write are a :class:`StorageError`.
+    """
     if storage.exists(manifest_key(prefix, meta.job, meta.step)):
         raise StorageError(f"step {meta.step} is already committed; delete it before saving it again",
                            job=meta.job, step=meta.step, key=manifest_key(prefix, meta.job, meta.step))
@@ -51,11 +44,11 @@ def save_blob(storage: Any, prefix: str, meta: ShardMetadata, blob: Any) -> None
     storage.put(blob_key(prefix, meta.job, meta.step, meta.rank), data)
 
 
-def persist_shard(storage: Any, prefix: str, plan: ShardPlan, blob: Any, *, job: str, step: int,
+def persist_shard(storage: Storage, prefix: str, plan: ShardPlan, blob: Any, *, job: str, step: int,
                   block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
     """Seal ``blob`` (written by ``write_shard(plan, ...)``) and put it; returns the metadata.
 
-    On a storage with ``put_stream`` (the filesystem) each ~1 MiB segment is checksummed and
+    On a storage with ``put_stream`` (:class:`SupportsPutStream`: the filesystem) each ~1 MiB segment is checksummed and
     then written at once, while it is cache-hot (one pass over memory, no second thread; see
     ``_persist``); a failure while sealing aborts the write, so no blob is stored. Elsewhere
     (S3) checksumming (crc32c releases the GIL) runs in a thread beside the upload of the same
@@ -68,7 +61,7 @@ def persist_shard(storage: Any, prefix: str, plan: ShardPlan, blob: Any, *, job:
         raise StorageError(f"step {step} is already committed; delete it before saving it again",
                            job=job, step=step, key=manifest_key(prefix, job, step))
     data = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")[: plan.nbytes]
-    if hasattr(storage, "put_stream"):
+    if isinstance(storage, SupportsPutStream):
         if len(data) < plan.nbytes:
             raise ChecksumError(f"blob has {len(data)} bytes, plan needs {plan.nbytes}", rank=plan.rank, step=step)
         ro = data.toreadonly()
@@ -78,7 +71,7 @@ def persist_shard(storage: Any, prefix: str, plan: ShardPlan, blob: Any, *, job:
                               lambda: seal_shard(plan, blob, job=job, step=step, block_size=block_size))
 
 
-def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str, Any], *, job: str, step: int,
+def persist_state(storage: Storage, prefix: str, plan: ShardPlan, state: Mapping[str, Any], *, job: str, step: int,
                   block_size: int | None = DEFAULT_BLOCK_SIZE) -> ShardMetadata:
     """Write rank ``plan.rank``'s blob straight from ``state``'s tensors (no staging copy); returns the metadata.
 
@@ -93,7 +86,7 @@ def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str
         raise StorageError(f"step {step} is already committed; delete it before saving it again",
                            job=job, step=step, key=manifest_key(prefix, job, step))
     buffers, by_offset = shard_buffers(plan, state)
-    if hasattr(storage, "put_stream"):
+    if isinstance(storage, SupportsPutStream):
         zeros = memoryview(bytes(ALIGN))
         return fused_put(storage, key, plan, lambda e: by_offset[e.byte_offset] if e.byte_length else zeros[:0],
                          lambda start, stop: zeros[: stop - start], job=job, step=step, block_size=block_size)
@@ -102,7 +95,7 @@ def persist_state(storage: Any, prefix: str, plan: ShardPlan, state: Mapping[str
                                                    step=step, block_size=block_size))
 
 
-def _put_while_sealing(storage: Any, key: str, data: Any, seal: Any) -> ShardMetadata:
+def _put_while_sealing(storage: Storage, key: str, data: Any, seal: Callable[[], ShardMetadata]) -> ShardMetadata:
     """Write ``data`` at ``key`` while ``seal()`` checksums the same memory in a second thread.
 
     A failed write cancels the sealing; a failed sealing deletes the written blob, so nothing
@@ -122,7 +115,8 @@ def _put_while_sealing(storage: Any, key: str, data: Any, seal: Any) -> ShardMet
             raise
 
 
-def commit(storage: Any, prefix: str, job: str, step: int, layout: Layout, shards: Sequence[ShardMetadata]) -> Manifest:
+def commit(storage: Storage, prefix: str, job: str, step: int, layout: Layout,
+           shards: Sequence[ShardMetadata]) -> Manifest:
     """Write the manifest, the commit marker, after checking every blob is stored. Returns it.
 
     Raises :class:`ManifestError` when shards disagree and :class:`StorageError` naming a
@@ -138,20 +132,25 @@ def commit(storage: Any, prefix: str, job: str, step: int, layout: Layout, shard
     return manifest
 
 
-def save(storage: Any, prefix: str, job: str, step: int, layout: Layout,
+def save(storage: Storage, prefix: str, job: str, step: int, layout: Layout,
          shards_and_blobs: Sequence[tuple[ShardMetadata, Any]], *, threads: int = 4) -> Manifest:
-    """Store every rank's blob (in parallel), then commit the manifest. Returns it."""
+    """Store every rank's blob (on ``threads`` threads), then commit the manifest. Returns it.
+
+    Raises as :func:`save_blob` and :func:`commit`; the step is not committed then.
+    """
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         list(pool.map(lambda mb: save_blob(storage, prefix, mb[0], mb[1]), shards_and_blobs))
     return commit(storage, prefix, job, step, layout, [m for m, _ in shards_and_blobs])
 
 
-def save_states(storage: Any, prefix: str, job: str, step: int, layout: Layout, rules: PatternRules,
+def save_states(storage: Storage, prefix: str, job: str, step: int, layout: Layout, rules: PatternRules,
                 states: Sequence[Mapping[str, Any]], *, block_size: int | None = DEFAULT_BLOCK_SIZE) -> Manifest:
     """Plan, write, seal and save one state per rank (``states[r]`` for rank ``r``), then commit.
 
     A single-process convenience over :func:`plan_shard`, :func:`write_shard`,
-    :func:`seal_shard` and :func:`save`.
+    :func:`seal_shard` and :func:`save`. Raises :class:`ManifestError` when ``states`` has not
+    one state per rank, :class:`LayoutError` when a state does not fit ``layout``, and as
+    :func:`save`.
     """
     if len(states) != layout.world_size:
         raise ManifestError(f"got {len(states)} states for world size {layout.world_size}", job=job, step=step)
@@ -164,18 +163,18 @@ def save_states(storage: Any, prefix: str, job: str, step: int, layout: Layout, 
     return save(storage, prefix, job, step, layout, out)
 
 
-def list_steps(storage: Any, prefix: str, job: str) -> list[int]:
-    """Committed steps (those with a manifest) of ``job``, ascending."""
+def list_steps(storage: Storage, prefix: str, job: str) -> list[int]:
+    """Committed steps (those with a manifest) of ``job``, ascending; :class:`StorageError` when listing fails."""
     base = "/".join(p for p in (prefix.strip("/"), job) if p) + "/"
     steps = set()
     for key in storage.list(base):
-        m = _STEP_RE.fullmatch(key[len(base):])
+        m = MANIFEST_RE.fullmatch(key[len(base):])
         if m:
             steps.add(int(m.group(1)))
     return sorted(steps)
 
 
-def read_manifest(storage: Any, prefix: str, job: str, step: int) -> Manifest:
+def read_manifest(storage: Storage, prefix: str, job: str, step: int) -> Manifest:
     """The manifest of ``step``. Raises :class:`ManifestError` when missing or corrupt,
     :class:`FormatVersionError` for an unknown version."""
     key = manifest_key(prefix, job, step)
@@ -190,7 +189,7 @@ def read_manifest(storage: Any, prefix: str, job: str, step: int) -> Manifest:
     return manifest
 
 
-def load_shard(manifest: Manifest, reader: Any, layout: Layout, rank: int, rules: PatternRules,
+def load_shard(manifest: Manifest, reader: BlobReader, layout: Layout, rank: int, rules: PatternRules,
                into: MutableMapping[str, Any], *, bytes_rank: int | None = None, threads: int = 4) -> LoadReport:
     """Load rank ``rank`` of ``layout`` from ``manifest`` through a :class:`BlobReader`.
 
@@ -203,21 +202,26 @@ def load_shard(manifest: Manifest, reader: Any, layout: Layout, rank: int, rules
     return execute_load(plan, manifest, reader, into, threads=threads)
 
 
-def load(storage: Any, prefix: str, job: str, step: int, layout: Layout, rank: int, rules: PatternRules,
+def load(storage: Storage, prefix: str, job: str, step: int, layout: Layout, rank: int, rules: PatternRules,
          into: MutableMapping[str, Any], *, bytes_rank: int | None = None, threads: int = 4) -> LoadReport:
-    """Read ``step``'s manifest from ``storage`` and :func:`load_shard` into ``into``."""
+    """Read ``step``'s manifest from ``storage`` and :func:`load_shard` into ``into``.
+
+    Raises as :func:`read_manifest` (no such step) and :func:`load_shard`.
+    """
     manifest = read_manifest(storage, prefix, job, step)
     return load_shard(manifest, StorageBlobReader(storage, prefix, job), layout, rank, rules, into,
                       bytes_rank=bytes_rank, threads=threads)
 
 
-def consolidate(storage: Any = None, prefix: str = "", job: str = "", step: int = 0, *,
-                manifest: Manifest | None = None, reader: Any = None, names: Sequence[str] | None = None,
+def consolidate(storage: Storage | None = None, prefix: str = "", job: str = "", step: int = 0, *,
+                manifest: Manifest | None = None, reader: BlobReader | None = None, names: Sequence[str] | None = None,
                 threads: int = 4) -> dict[str, torch.Tensor]:
     """The full logical tensors of a checkpoint (every tensor, or ``names``), verified.
 
     Uses the same planner as a reshard, with a one-rank target that holds every tensor
     whole. Give ``storage``/``prefix``/``job``/``step``, or ``manifest`` and a ``reader``.
+    Raises :class:`ManifestError` for a missing step or tensor, and :class:`ChecksumError` or
+    :class:`StorageError` when no copy of a chunk can be read intact.
     """
     if manifest is None:
         manifest = read_manifest(storage, prefix, job, step)
@@ -234,8 +238,11 @@ def consolidate(storage: Any = None, prefix: str = "", job: str = "", step: int 
     return into
 
 
-def delete_step(storage: Any, prefix: str, job: str, step: int) -> None:
-    """Remove a checkpoint: the manifest first (the step stops existing), then its blobs."""
+def delete_step(storage: Storage, prefix: str, job: str, step: int) -> None:
+    """Remove a checkpoint: the manifest first (the step stops existing), then its blobs.
+
+    No error when the step does not exist; :class:`StorageError` when a delete fails.
+    """
     storage.delete(manifest_key(prefix, job, step))
     for key in storage.list(step_prefix(prefix, job, step) + "/"):
         storage.delete(key)
@@ -245,7 +252,7 @@ VERIFY_WINDOW = 64 << 20
 """Most bytes :func:`verify_checkpoint` holds in memory at once (one reused buffer)."""
 
 
-def verify_checkpoint(storage: Any, prefix: str, job: str, step: int, *, window: int = VERIFY_WINDOW) -> Manifest:
+def verify_checkpoint(storage: Storage, prefix: str, job: str, step: int, *, window: int = VERIFY_WINDOW) -> Manifest:
     """Read every blob of ``step`` and check every chunk and byte entry; returns the manifest.
 
     Each blob is read in order, in block-aligned ranges of at most ``window`` bytes into one
@@ -256,10 +263,11 @@ def verify_checkpoint(storage: Any, prefix: str, job: str, step: int, *, window:
     """
     manifest = read_manifest(storage, prefix, job, step)
     reader = StorageBlobReader(storage, prefix, job)
+    size_of = storage.size if isinstance(storage, SupportsSize) else lambda key: len(storage.get(key))
     buf = bytearray(max(1, min(window, max(manifest.blobs, default=0))))
     for r, nbytes in enumerate(manifest.blobs):
         key = blob_key(prefix, job, step, r)
-        size = storage.size(key) if hasattr(storage, "size") else len(storage.get(key))
+        size = size_of(key)
         if size != nbytes:
             raise StorageError(f"blob has {size} bytes, manifest says {nbytes}", job=job, step=step, rank=r, key=key)
         chunks = sorted(((ref.chunk, fqn) for fqn, rec in manifest.tensors.items() for ref in rec.chunks

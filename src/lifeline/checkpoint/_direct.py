@@ -25,6 +25,7 @@ next bounce copy) overlaps with the device.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import queue
@@ -73,8 +74,6 @@ def enable_direct(fd: int) -> bool:
     if not flag:
         return False
     try:
-        import fcntl
-
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
         return True
     except OSError:

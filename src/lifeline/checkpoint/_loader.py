@@ -10,107 +10,23 @@ import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, MutableMapping, Protocol, runtime_checkable
+from typing import Any, MutableMapping, Sequence
 
 import torch
 
-from lifeline.checkpoint._metadata import Manifest
-from lifeline.checkpoint._planner import CopyOp, LoadPlan
+from lifeline.checkpoint._manifest import Manifest
 from lifeline.checkpoint._plan import copy_into, dtype_from_name
-from lifeline.checkpoint._stream import ReadStream
+from lifeline.checkpoint._planner import CopyOp, LoadPlan
+from lifeline.checkpoint._readers import BlobReader, SupportsReadInto, SupportsReadPiecesInto
+from lifeline.checkpoint._storage import ReadTuning
+from lifeline.checkpoint._stream import PIPELINE_AHEAD, PIPELINE_PIECE, ReadStream, pipeline_piece
+from lifeline.checkpoint._verify import ReadChecks, Segment
 from lifeline.errors import ChecksumError, StorageError
 
-__all__ = ["BlobReader", "StorageBlobReader", "LoadReport", "execute_load"]
+__all__ = ["LoadReport", "execute_load"]
 
-
-PIPELINE_PIECE = (4 << 20, 64 << 20)
-"""Bytes of the pieces the verifying thread of a pipelined load checks at a time, and the most bytes
-the reader thread reads in one call (see :func:`_pipeline_piece`)."""
-
-
-PIPELINE_AHEAD = 128 << 20
-"""Bytes of reads queued on the reader thread of a pipelined load beyond the one being verified:
-enough for two of its largest calls, so it never waits for the verifier to queue more."""
-
-
-FAST_READ = 4 << 30
-"""Bytes per second above which a read is taken to come from memory (the page cache), not a device."""
-
-
-def _pipeline_piece(left: int, rate: float) -> int:
-    """Bytes the reader thread of a pipelined load reads in its next call, with ``left`` bytes to go
-    and its last call having read ``rate`` bytes per second (0: no call yet).
-
-    Large calls stream a cold file fastest (256 MiB from this machine's disk: one call 0.12 s,
-    64 MiB calls 0.12 s, 32 MiB 0.127 s, 4 to 16 MiB 0.136 s); the verifier starts on a call's
-    bytes once the call returns, so the calls shrink towards the end (half of what is left,
-    down to :data:`PIPELINE_PIECE` ``[0]``) and little is left to verify after the last one.
-    From the page cache (``rate`` above :data:`FAST_READ`) a read is a memcpy as fast as the
-    verification, and the smallest calls overlap the two best; the first call is a small one,
-    to measure the rate.
-    """
-    lo, hi = PIPELINE_PIECE
-    if rate > FAST_READ or not rate:  # the first call, small, tells which case this is
-        return lo
-    return max(lo, min(hi, 1 << max(0, (left // 2).bit_length() - 1)))
-
-
-@runtime_checkable
-class BlobReader(Protocol):
-    """Serves byte ranges of rank blobs of one job's checkpoints (storage, sidecar memory, peers).
-
-    ``read`` raises :class:`StorageError` when the range cannot be served. A reader may also
-    offer ``read_into(step, rank, offset, out)`` to fill ``out`` without a copy: a writable
-    buffer, or a list of them filled one after the other (a scatter read), and a
-    ``read_piece`` attribute (bytes, or None): the loader then reads in pieces of that size and
-    verifies each piece's checksum blocks right after it is read, while they are cache-hot; and
-    a ``read_threads`` attribute (int, or None): the most reader threads worth running (a local
-    disk streams fastest as one sequential reader).
-    """
-
-    def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset + length)`` of rank ``rank``'s blob at ``step``."""
-
-
-class StorageBlobReader:
-    """A :class:`BlobReader` over a :class:`Storage` at ``<prefix>/<job>/<step>/rank-<r>.bin``."""
-
-    def __init__(self, storage: Any, prefix: str, job: str) -> None:
-        from lifeline.checkpoint._checkpoint import blob_key
-
-        self.storage, self.prefix, self.job = storage, prefix, job
-        self._key = blob_key
-        self.read_piece: int | None = getattr(storage, "read_piece", None)
-        self.read_threads: int | None = getattr(storage, "read_threads", None)
-
-    def read(self, step: int, rank: int, offset: int, length: int) -> bytes:
-        return self.storage.get(self._key(self.prefix, self.job, step, rank), offset, length)
-
-    def read_pieces_into(self, step: int, rank: int, pieces: Iterable[tuple[int, Any]]) -> Iterator[int]:
-        """Fill each ``(offset, out)`` of ``pieces`` in order (``out`` as in :meth:`read_into`), yielding
-        each piece's end offset (bytes) once it is filled; one open file for all of them when the
-        storage offers ``get_pieces_into`` (the filesystem)."""
-        get_pieces = getattr(self.storage, "get_pieces_into", None)
-        if get_pieces is not None:
-            yield from get_pieces(self._key(self.prefix, self.job, step, rank), pieces)
-            return
-        for offset, out in pieces:
-            self.read_into(step, rank, offset, out)
-            yield offset + sum(len(memoryview(b).cast("B")) for b in (out if isinstance(out, list) else [out]))
-
-    def read_into(self, step: int, rank: int, offset: int, out: Any) -> None:
-        """Fill ``out`` (a writable buffer, or a list of them filled one after the other) from ``offset``."""
-        key = self._key(self.prefix, self.job, step, rank)
-        get_into = getattr(self.storage, "get_into", None)
-        if get_into is not None:
-            get_into(key, offset, out)
-            return
-        views = [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
-        data = self.storage.get(key, offset, sum(len(v) for v in views))
-        pos = 0
-        for v in views:
-            v[:] = data[pos : pos + len(v)]
-            pos += len(v)
+_Streamed = tuple[list[Segment], ReadChecks, queue.SimpleQueue]
+"""A read queued on the reader thread: its segments, their checks and its progress queue."""
 
 
 @dataclass
@@ -158,8 +74,14 @@ def _widen(intervals, block: int, size: int) -> list[tuple[int, int]]:
 
 
 class _Executor:
-    def __init__(self, plan: LoadPlan, manifest: Manifest, reader: Any, into: MutableMapping[str, Any]) -> None:
+    def __init__(self, plan: LoadPlan, manifest: Manifest, reader: BlobReader, into: MutableMapping[str, Any]) -> None:
         self.plan, self.manifest, self.reader, self.into = plan, manifest, reader, into
+        # the reader's optional capabilities, looked up once (see _readers): the reader, or None
+        self.into_reader = reader if isinstance(reader, SupportsReadInto) else None
+        self.pieces_reader = reader if isinstance(reader, SupportsReadPiecesInto) else None
+        tuning = reader if isinstance(reader, ReadTuning) else None
+        self.read_piece: int | None = tuning.read_piece if tuning is not None else None
+        self.read_threads: int | None = tuning.read_threads if tuning is not None else None
         self.report = LoadReport(needed_bytes=plan.needed_bytes)
         self.lock = threading.Lock()
         self.op_reads: list[list[int]] = [[] for _ in plan.ops]
@@ -168,7 +90,7 @@ class _Executor:
                 self.op_reads[i].append(ri)
         self.pending = [len(x) for x in self.op_reads]
         self.refs = [len(r.ops) for r in plan.reads]
-        self.buffers: dict[int, Any] = {}
+        self.buffers: dict[int, Any] = {}  # read index -> its segments (None: the read failed)
         self.failed: dict[int, Exception] = {}
         self.pipeline: ReadStream | None = None  # the reader thread of a pipelined load (see run)
         self.after = [0] * len(plan.reads)  # bytes the plan reads after each read
@@ -192,13 +114,13 @@ class _Executor:
         op = self.plan.ops[i]
         c = op.copies[0].chunk
         if (not op.whole_chunk or len(self.op_reads[i]) != 1 or op.intervals != ((0, c.byte_length),)
-                or not hasattr(self.reader, "read_into")):
+                or self.into_reader is None):
             return None
         dst = self._dst(op)
         return dst.reshape(-1).view(torch.uint8) if dst.is_contiguous() else None
 
-    def _segments(self, ri: int) -> list[tuple[int, int, torch.Tensor, int | None]]:
-        """Scatter list of read ``ri``: ``(abs_start, abs_end, uint8 buffer, direct op or None)``."""
+    def _segments(self, ri: int) -> list[Segment]:
+        """Scatter list of read ``ri`` (see :data:`Segment`)."""
         r = self.plan.reads[ri]
         direct = []
         for i in r.ops:
@@ -206,7 +128,7 @@ class _Executor:
             if dst is not None:
                 direct.append((self.plan.ops[i].copies[0].chunk.byte_offset, i, dst))
         direct.sort(key=lambda x: x[0])
-        segs: list[tuple[int, int, torch.Tensor, int | None]] = []
+        segs: list[Segment] = []
         cursor, end = r.byte_offset, r.byte_offset + r.byte_length
         for off, i, dst in direct:
             if off > cursor:
@@ -218,64 +140,18 @@ class _Executor:
         return segs
 
     @staticmethod
-    def _region(segs, lo: int, hi: int) -> torch.Tensor | None:
+    def _region(segs: Sequence[Segment], lo: int, hi: int) -> torch.Tensor | None:
         for a, b, buf, _ in segs:
             if a <= lo and hi <= b:
                 return buf[lo - a : hi - a]
         return None
 
     # -- reads --------------------------------------------------------------------------
-    def _checks(self, ri: int, segs) -> list[list[Any]]:
-        """Block-aligned ranges of read ``ri`` to verify: ``[abs_lo, abs_hi, ops, ref, buf, seg_start, cursor]``:
-        each distinct interval of the primary copies once (with every op reading it), lying inside
-        one segment of ``segs`` (an interval of another read is that read's to check)."""
-        by_range: dict[tuple[int, int], list[Any]] = {}
-        for i in self.plan.reads[ri].ops:
-            op = self.plan.ops[i]
-            ref = op.copies[0]
-            c = ref.chunk
-            for a, b in op.intervals:
-                lo, hi = c.byte_offset + a, c.byte_offset + b
-                chk = by_range.get((lo, hi))
-                if chk is not None:
-                    chk[2].append(i)
-                    continue
-                for sa, sb, buf, _ in segs:
-                    if sa <= lo and hi <= sb:
-                        by_range[(lo, hi)] = [lo, hi, [i], ref, memoryview(buf.numpy()), sa, lo]
-                        break
-        return sorted(by_range.values(), key=lambda x: x[0])
-
-    def _verify_upto(self, checks: list[list[Any]], upto: int, bad: dict[int, ChecksumError]) -> None:
-        """Verify every whole checksum block of ``checks`` below blob byte ``upto`` not verified yet
-        (the bytes were just read, so they are still in the CPU cache). A mismatch marks every op
-        reading that range bad."""
-        while checks and checks[0][6] >= checks[0][1]:  # sorted by start: drop the finished head
-            checks.pop(0)
-        for chk in checks:
-            lo, hi, ops, ref, buf, sa, cursor = chk
-            if lo >= upto:
-                break
-            if cursor >= hi:
-                continue
-            c = ref.chunk
-            end = hi if upto >= hi else lo + (upto - lo) // c.block_size * c.block_size
-            if end <= cursor:
-                continue
-            chk[6] = end
-            try:
-                c.verify(buf[cursor - sa : end - sa], cursor - c.byte_offset,
-                         name=self.plan.ops[ops[0]].fqn, rank=ref.rank)
-            except ChecksumError as e:
-                chk[6] = hi
-                for i in ops:
-                    bad.setdefault(i, e)
-
-    def _pieces(self, ri: int, segs, piece: int | None = None) -> list[tuple[int, list[memoryview]]]:
+    def _pieces(self, ri: int, segs: Sequence[Segment], piece: int | None = None) -> list[tuple[int, list[memoryview]]]:
         """Read ``ri`` cut into ``(offset, scatter list)`` pieces of ``piece`` bytes (default: the reader's
         ``read_piece``; the whole read in one piece when it has none)."""
         r = self.plan.reads[ri]
-        piece = piece or getattr(self.reader, "read_piece", None) or r.byte_length
+        piece = piece or self.read_piece or r.byte_length
         end = r.byte_offset + r.byte_length
         arrays = [memoryview(seg[2].numpy()) for seg in segs]
         out = []
@@ -294,23 +170,24 @@ class _Executor:
             pos = stop
         return out
 
-    def _read_fused(self, ri: int, segs, bad: dict[int, ChecksumError]) -> None:
+    def _read_fused(self, ri: int, segs: Sequence[Segment], bad: dict[int, ChecksumError]) -> None:
         """Read ``ri`` in pieces of the reader's ``read_piece`` bytes (the filesystem: 1 MiB), verifying each
         piece's blocks right after it is read, while they are still in the CPU cache. A reader
         without ``read_piece`` (S3: one ranged GET per read) fills the whole read in one scatter
         read, then verifies."""
         r = self.plan.reads[ri]
-        checks = self._checks(ri, segs)
+        checks = ReadChecks(self.plan, ri, segs)
         pieces = self._pieces(ri, segs)
-        if hasattr(self.reader, "read_pieces_into"):  # one open file for the read: the kernel's readahead follows it
-            for stop in self.reader.read_pieces_into(self.plan.step, r.rank, pieces):
-                self._verify_upto(checks, stop, bad)
+        if self.pieces_reader is not None:  # one open file for the read: the kernel's readahead follows it
+            for stop in self.pieces_reader.read_pieces_into(self.plan.step, r.rank, pieces):
+                checks.verify_upto(stop, bad)
             return
+        assert self.into_reader is not None  # do_read reads fused only then
         for pos, views in pieces:
-            self.reader.read_into(self.plan.step, r.rank, pos, views)
-            self._verify_upto(checks, pos + sum(len(v) for v in views), bad)
+            self.into_reader.read_into(self.plan.step, r.rank, pos, views)
+            checks.verify_upto(pos + sum(len(v) for v in views), bad)
 
-    def _stream(self, ri: int) -> tuple[Any, list[list[Any]], queue.SimpleQueue]:
+    def _stream(self, ri: int) -> _Streamed:
         """Queue read ``ri`` on the reader thread (pipelined loads; see :meth:`run`).
 
         Returns ``(segments, checks, progress)``; see :class:`ReadStream` for ``progress``.
@@ -318,10 +195,10 @@ class _Executor:
         assert self.pipeline is not None
         segs = self._segments(ri)
         pieces = self._pieces(ri, segs, PIPELINE_PIECE[0])
-        return segs, self._checks(ri, segs), self.pipeline.submit(self.plan.reads[ri].rank, pieces, self.after[ri])
+        return segs, ReadChecks(self.plan, ri, segs), self.pipeline.submit(self.plan.reads[ri].rank, pieces,
+                                                                            self.after[ri])
 
-    def _verify_streamed(self, streamed: tuple[Any, list[list[Any]], queue.SimpleQueue],
-                         bad: dict[int, ChecksumError]) -> None:
+    def _verify_streamed(self, streamed: _Streamed, bad: dict[int, ChecksumError]) -> None:
         """Verify the pieces of a streamed read as the reader thread fills them; returns once it is
         done with the read's buffers, raising the read's error if it failed."""
         _, checks, progress = streamed
@@ -330,21 +207,21 @@ class _Executor:
             if isinstance(item, BaseException):
                 err = item
             elif err is None:
-                self._verify_upto(checks, item, bad)
+                checks.verify_upto(item, bad)
         if err is not None:
             raise err
 
-    def do_read(self, ri: int, streamed: tuple[Any, list[list[Any]], queue.SimpleQueue] | None = None) -> None:
+    def do_read(self, ri: int, streamed: _Streamed | None = None) -> None:
         """Read ``ri`` (or wait for its ``streamed`` pieces), verify it, and finish every op it completes."""
         r = self.plan.reads[ri]
         step = self.plan.step
-        segs: Any = None
+        segs: list[Segment] | None = None
         bad: dict[int, ChecksumError] = {}
         try:
             if streamed is not None:
                 segs = streamed[0]
                 self._verify_streamed(streamed, bad)
-            elif hasattr(self.reader, "read_into"):
+            elif self.into_reader is not None:
                 segs = self._segments(ri)
                 self._read_fused(ri, segs, bad)
             else:
@@ -353,7 +230,7 @@ class _Executor:
                     raise StorageError(f"short read of rank {r.rank}'s blob: {len(data)} of {r.byte_length} bytes",
                                        rank=r.rank, step=step)
                 segs = [(r.byte_offset, r.byte_offset + r.byte_length, _u8(data), None)]
-                self._verify_upto(self._checks(ri, segs), r.byte_offset + r.byte_length, bad)
+                ReadChecks(self.plan, ri, segs).verify_upto(r.byte_offset + r.byte_length, bad)
             err = None
         except StorageError as e:  # the read itself failed: every op of it needs another copy
             segs, err = None, e
@@ -436,12 +313,12 @@ class _Executor:
         about as long as the read alone instead of read + checksum.
         """
         errors: list[BaseException] = []
-        threads = min(threads, getattr(self.reader, "read_threads", None) or threads)
-        streams = threads <= 1 and getattr(self.reader, "read_piece", None) and hasattr(self.reader, "read_pieces_into")
+        threads = min(threads, self.read_threads or threads)
+        streamer = self.pieces_reader if threads <= 1 and self.read_piece else None  # streams one read at a time
         if pipelined is None:
             pipelined = len(os.sched_getaffinity(0)) > 1
-        if streams and pipelined:
-            self.pipeline = ReadStream(self.reader, self.plan.step, _pipeline_piece)
+        if streamer is not None and pipelined:
+            self.pipeline = ReadStream(streamer, self.plan.step, pipeline_piece)
         try:
             return self._run(threads, errors)
         finally:
@@ -451,7 +328,7 @@ class _Executor:
     def _run(self, threads: int, errors: list[BaseException]) -> LoadReport:
         n = len(self.plan.reads)
         if self.pipeline is not None:
-            queued: deque[tuple[Any, list[list[Any]], queue.SimpleQueue]] = deque()
+            queued: deque[_Streamed] = deque()
             nxt = ahead = 0
             for ri in range(n):
                 while nxt < n and (nxt <= ri or ahead < PIPELINE_AHEAD):
@@ -480,7 +357,7 @@ class _Executor:
         return self.report
 
 
-def execute_load(plan: LoadPlan, manifest: Manifest, reader: Any, into: MutableMapping[str, Any],
+def execute_load(plan: LoadPlan, manifest: Manifest, reader: BlobReader, into: MutableMapping[str, Any],
                  *, threads: int = 4, pipelined: bool | None = None) -> LoadReport:
     """Run ``plan``: fill the tensors of ``into`` in place and set its byte entries.
 

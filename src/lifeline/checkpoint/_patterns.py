@@ -1,8 +1,9 @@
 """Layout patterns: how a rank's local tensor maps into its logical (global) tensor.
 
 After Universal Checkpointing (Lian et al., 2024, §3 "UCP patterns"): a model declares
-once, as a table of name rules, each parameter's pattern; the planner derives every
-rank's boxes from the pattern, the layout and the rank's coordinates.
+once, as a table of name rules (:class:`PatternRules`, in ``_rules``), each parameter's
+pattern; the planner derives every rank's boxes from the pattern, the layout and the
+rank's coordinates.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 from lifeline.checkpoint._layout import Layout, RankCoords
 from lifeline.errors import LayoutError
@@ -23,8 +24,10 @@ __all__ = [
     "Expert",
     "Zero1",
     "Pattern",
-    "PatternRules",
     "Piece",
+    "flat_range_boxes",
+    "intersect_boxes",
+    "zero1_pieces",
     "pattern_to_dict",
     "pattern_from_dict",
 ]
@@ -308,7 +311,9 @@ def flat_range_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[tupl
     return out
 
 
-def _intersect(a_off, a_len, b_off, b_len):
+def intersect_boxes(a_off: tuple[int, ...], a_len: tuple[int, ...], b_off: tuple[int, ...], b_len: tuple[int, ...]
+                    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(offsets, lengths)`` of the intersection of boxes ``a`` and ``b`` (element units), None when empty."""
     offs, lens = [], []
     for ao, al, bo, bl in zip(a_off, a_len, b_off, b_len):
         lo, hi = max(ao, bo), min(ao + al, bo + bl)
@@ -325,7 +330,7 @@ def zero1_pieces(inner: list[Piece], param_local: tuple[int, ...], layout: Layou
     out = []
     for frag_off, boffs, blens in flat_range_boxes(param_local, start, stop):
         for p in inner:
-            hit = _intersect(boffs, blens, p.offsets, p.lengths)
+            hit = intersect_boxes(boffs, blens, p.offsets, p.lengths)
             if hit is None:
                 continue
             offs, lens = hit
@@ -355,48 +360,3 @@ def pattern_from_dict(d: dict[str, Any]) -> Pattern:
     if cls is None:
         raise LayoutError(f"unknown pattern {d!r}")
     return cls(**d)
-
-
-def _glob_to_regex(glob: str) -> re.Pattern:
-    out = []
-    for ch in glob:
-        out.append("(.*)" if ch == "*" else "(.)" if ch == "?" else re.escape(ch))
-    return re.compile("".join(out))
-
-
-class PatternRules:
-    """An ordered table of name rules: ``[(glob_or_regex, pattern), ...]``; first match wins.
-
-    A rule's key is a glob (``str``: ``*`` and ``?`` capture as groups ``\\1``...), a regex
-    string prefixed ``"re:"``, or a compiled :class:`re.Pattern`; it must match the whole
-    fully qualified name. Unmatched names get ``default`` (``Replicated()``); pass
-    ``default=None`` to make them a :class:`LayoutError`.
-    """
-
-    def __init__(self, rules: Iterable[tuple[Any, Pattern]] = (), default: Pattern | None = Replicated()) -> None:
-        self._rules: list[tuple[re.Pattern, Pattern]] = []
-        for key, pattern in rules:
-            if isinstance(key, re.Pattern):
-                rx = key
-            elif isinstance(key, str) and key.startswith("re:"):
-                rx = re.compile(key[3:])
-            elif isinstance(key, str):
-                rx = _glob_to_regex(key)
-            else:
-                raise LayoutError(f"rule key {key!r} must be a glob, 're:<regex>' or a compiled regex")
-            self._rules.append((rx, pattern))
-        self.default = default
-
-    def match(self, fqn: str) -> Pattern:
-        """The resolved pattern of ``fqn``. Raises :class:`LayoutError` when none applies."""
-        for rx, pattern in self._rules:
-            m = rx.fullmatch(fqn)
-            if m is not None:
-                resolve = getattr(pattern, "resolve", None)
-                return resolve(m) if resolve is not None else pattern
-        if self.default is None:
-            raise LayoutError(f"no pattern rule matches tensor {fqn!r}; add a rule for it", key=fqn)
-        return self.default
-
-    def __repr__(self) -> str:
-        return f"PatternRules({[(rx.pattern, p) for rx, p in self._rules]!r}, default={self.default!r})"

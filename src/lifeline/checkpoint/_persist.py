@@ -1,12 +1,12 @@
 """The fused save path: checksum each segment of a blob right before it is written.
 
-``persist_state``/``persist_shard`` on a storage with ``put_stream`` (the filesystem) pass
-this module's generator: it walks the blob in order, and for every segment of at most
-:data:`SEGMENT` bytes computes the crc32c of its checksum blocks and then hands it to the
-writer. The segment is still in the CPU cache when the kernel copies it into the page
-cache, so the bytes cross the memory bus once for both the checksum and the write, and no
-second thread competes for the cores (the former path checksummed the whole blob in a
-thread beside the write: two passes over DRAM). Checksums are final before the object is
+``persist_state``/``persist_shard`` on a storage with ``put_stream`` (a
+:class:`SupportsPutStream`: the filesystem) pass this module's generator: it walks the blob
+in order, and for every segment of at most :data:`SEGMENT` bytes computes the crc32c of its
+checksum blocks and then hands it to the writer. The segment is still in the CPU cache when
+the kernel copies it into the page cache, so the bytes cross the memory bus once for both
+the checksum and the write, and no second thread competes for the cores (the former path
+checksummed the whole blob in a thread beside the write: two passes over DRAM). Checksums are final before the object is
 renamed into place, so a failure while sealing leaves no blob behind.
 """
 
@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from lifeline.checkpoint._crc import crc32c, crc32c_blocks
 from lifeline.checkpoint._metadata import ShardMetadata, check_block_size, chunk_block_size, seal_with
 from lifeline.checkpoint._plan import BytesPlan, ChunkPlan, ShardPlan
+from lifeline.checkpoint._storage import SupportsPutStream
 from lifeline.errors import LayoutError
 
 __all__ = ["SEGMENT", "fused_put"]
@@ -62,7 +63,7 @@ def _segments(plan: ShardPlan, block_size: int | None, view: Callable[[Any], mem
         yield gap(pos, plan.nbytes)
 
 
-def fused_put(storage: Any, key: str, plan: ShardPlan, view: Callable[[ChunkPlan | BytesPlan], memoryview],
+def fused_put(storage: SupportsPutStream, key: str, plan: ShardPlan, view: Callable[[ChunkPlan | BytesPlan], memoryview],
               gap: Callable[[int, int], memoryview], *, job: str, step: int,
               block_size: int | None) -> ShardMetadata:
     """Write ``plan``'s blob under ``key`` with ``storage.put_stream``, checksumming each segment just before

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from lifeline.checkpoint._layout import Layout, RankCoords
-from lifeline.checkpoint._patterns import Pattern, PatternRules, Piece, Zero1, zero1_pieces
+from lifeline.checkpoint._patterns import Pattern, Piece, Zero1, zero1_pieces
+from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import LayoutError, StorageError
 
 __all__ = ["ALIGN", "ChunkPlan", "TensorPlan", "BytesPlan", "ShardPlan", "plan_shard", "write_shard",

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from lifeline.checkpoint._layout import Layout
-from lifeline.checkpoint._metadata import BytesMeta, ChunkRef, Manifest
-from lifeline.checkpoint._patterns import PatternRules, Piece, _intersect
+from lifeline.checkpoint._manifest import ChunkRef, Manifest
+from lifeline.checkpoint._metadata import BytesMeta
+from lifeline.checkpoint._patterns import Piece, intersect_boxes
 from lifeline.checkpoint._plan import dtype_from_name, dtype_name, local_pieces
+from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import LayoutError, ManifestError
 
 __all__ = ["CopyOp", "ReadOp", "LoadPlan", "plan_load", "WASTE_BUDGET"]
@@ -185,7 +187,7 @@ def plan_load(
         for piece in pieces:
             covered = 0
             for (c_off, c_len), refs in groups.items():
-                hit = _intersect(piece.global_offsets, piece.lengths, c_off, c_len)
+                hit = intersect_boxes(piece.global_offsets, piece.lengths, c_off, c_len)
                 if hit is None:
                     continue
                 offs, lens = hit

@@ -11,6 +11,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error, ServerError
 
+from lifeline.checkpoint._storage import buffer_views
 from lifeline.errors import StorageError
 
 __all__ = ["S3Storage"]
@@ -26,8 +27,7 @@ class _Reader:
     """A file-like reader over a buffer or a list of buffers (minio reads parts from it)."""
 
     def __init__(self, data: Any) -> None:
-        self._views = [v for v in (memoryview(b).cast("B") for b in (data if isinstance(data, list) else [data]))
-                       if len(v)]
+        self._views = [v for v in buffer_views(data) if len(v)]
         self.length = sum(len(v) for v in self._views)
 
     def read(self, n: int = -1) -> bytes:
@@ -48,6 +48,10 @@ class _Reader:
 
 class S3Storage:
     """Objects in an S3 bucket (MinIO or AWS) under keys ``<key>``.
+
+    A :class:`~lifeline.checkpoint.Storage` with ``size`` (a HEAD request) and ``get_into``
+    (a ranged GET streamed into the caller's buffers). Every failure, after the retries, is a
+    :class:`StorageError` naming the key. Nothing is sent before the first operation.
 
     Args:
         endpoint: ``host:port`` of the S3 server.
@@ -163,7 +167,7 @@ class S3Storage:
 
     def get_into(self, key: str, offset: int, out: Any) -> None:
         """A ranged GET streamed straight into ``out`` (a writable buffer, or a list of them in order)."""
-        views = [memoryview(b).cast("B") for b in (out if isinstance(out, list) else [out])]
+        views = buffer_views(out)
         total = sum(len(v) for v in views)
         if not total:
             return

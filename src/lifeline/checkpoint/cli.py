@@ -1,11 +1,19 @@
-"""``lifeline ckpt ls | show | verify | export``: inspect checkpoints at a path or an s3:// URI."""
+"""``lifeline ckpt ls | show | verify | export``: inspect checkpoints at a path or an s3:// URI.
+
+The checkpoint code (torch) and rich are imported inside the commands, so that ``lifeline --help``
+(which imports this module) stays fast; the storage protocol module imports nothing heavy.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+import time
+from typing import Optional
 
 import typer
+
+from lifeline.checkpoint._storage import Storage
+from lifeline.errors import ConfigError, ManifestError
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -15,7 +23,8 @@ _SECRET = typer.Option(None, "--secret-key", envvar="AWS_SECRET_ACCESS_KEY", hel
 _SECURE = typer.Option(False, "--secure/--insecure", help="TLS for S3.")
 
 
-def _storage(uri: str, endpoint: Optional[str], access: Optional[str], secret: Optional[str], secure: bool):
+def _storage(uri: str, endpoint: Optional[str], access: Optional[str], secret: Optional[str],
+             secure: bool) -> tuple[Storage, str]:
     from lifeline.checkpoint import storage_from_uri
 
     if uri.startswith("s3://"):
@@ -31,7 +40,7 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _jobs(storage: Any, prefix: str) -> dict[str, list[int]]:
+def _jobs(storage: Storage, prefix: str) -> dict[str, list[int]]:
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     rx = re.compile(r"(?P<job>[^/]+)/(?P<step>\d{12})/manifest\.json")
     jobs: dict[str, list[int]] = {}
@@ -42,9 +51,8 @@ def _jobs(storage: Any, prefix: str) -> dict[str, list[int]]:
     return {j: sorted(s) for j, s in sorted(jobs.items())}
 
 
-def _step(storage: Any, prefix: str, job: str, step: Optional[int]) -> int:
+def _step(storage: Storage, prefix: str, job: str, step: Optional[int]) -> int:
     from lifeline.checkpoint import list_steps
-    from lifeline.errors import ManifestError
 
     if step is not None:
         return step
@@ -129,8 +137,6 @@ def verify_command(
     secure: bool = _SECURE,
 ) -> None:
     """Read every blob (in bounded windows) and check every chunk's crc32c; exits 2 naming the first bad chunk."""
-    import time
-
     from rich.console import Console
 
     from lifeline.checkpoint import verify_checkpoint
@@ -159,7 +165,6 @@ def export_command(
     from rich.console import Console
 
     from lifeline.checkpoint.interop import export_dcp, export_safetensors
-    from lifeline.errors import ConfigError
 
     storage, prefix = _storage(uri, endpoint, access_key, secret_key, secure)
     step = _step(storage, prefix, job, step)
