@@ -9,6 +9,8 @@ that disconnects mid-transfer leaves nothing behind.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import logging
 import socket
@@ -20,12 +22,15 @@ from lifeline.sidecar._verify import BlobVerifier
 from lifeline.sidecar.auth import server_handshake
 from lifeline.sidecar.store import Holding
 
+if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
+    from lifeline.sidecar.server import Sidecar
+
 log = logging.getLogger("lifeline.sidecar.peer")
 
 _PIECE = 1 << 20  # bytes per recv_into: verified while still in the CPU cache
 
 
-def serve_peer(sc, conn: socket.socket, addr) -> None:
+def serve_peer(sc: Sidecar, conn: socket.socket, addr) -> None:
     """Authenticate, then serve requests until the peer closes."""
     peer = f"{addr[0]}:{addr[1]}"
     conn.settimeout(60.0)
@@ -72,7 +77,7 @@ def verify_blob(kind: str, meta: str, blob: memoryview, *, step: int, rank: int)
             raise ChecksumError("upstream-log entry failed its crc32c", rank=rank, step=step, tier="L1")
 
 
-def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
+def _put(sc: Sidecar, conn: socket.socket, msg: dict, peer: str) -> bool:
     kind, name = msg["kind"], msg.get("name", "")
     step, rank, n, meta = int(msg["step"]), int(msg["rank"]), int(msg["nbytes"]), msg["meta"]
     if kind not in ("shard", "ulog") or n < 0:
@@ -124,7 +129,7 @@ def _put(sc, conn: socket.socket, msg: dict, peer: str) -> bool:
     return True
 
 
-def _get(sc, conn: socket.socket, msg: dict) -> None:
+def _get(sc: Sidecar, conn: socket.socket, msg: dict) -> None:
     kind, name, step, rank = msg["kind"], msg.get("name", ""), int(msg["step"]), int(msg["rank"])
     h = sc.store.pin(kind, step, rank, name)
     if h is None:

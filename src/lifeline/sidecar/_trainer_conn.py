@@ -17,6 +17,8 @@ cached by ``plan_id`` so a steady-state save sends only small frames.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import base64
 import logging
 import pickle
@@ -27,10 +29,13 @@ from lifeline.errors import LifelineError, PeerError
 from lifeline.sidecar import ulog
 from lifeline.sidecar._frames import recv_ctrl, send_ctrl
 
+if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
+    from lifeline.sidecar.server import Sidecar
+
 log = logging.getLogger("lifeline.sidecar.trainer")
 
 
-def serve_trainer(sc, conn: socket.socket, addr) -> None:
+def serve_trainer(sc: Sidecar, conn: socket.socket, addr) -> None:
     """Serve one trainer connection until it closes; lent slots and pins are returned on exit."""
     s = sc.s
     send_ctrl(conn, {"op": "hello", "rank": sc.rank, "job": sc.job, "slots": s.slots, "slot_bytes": s.slot_bytes,
@@ -97,7 +102,7 @@ def serve_trainer(sc, conn: socket.socket, addr) -> None:
             sc.unpin(h)
 
 
-def _acquire(sc, conn, msg, lent: set[int]) -> None:
+def _acquire(sc: Sidecar, conn, msg, lent: set[int]) -> None:
     nbytes = int(msg["nbytes"])
     if nbytes > sc.s.slot_bytes:
         raise LifelineError(

@@ -1,5 +1,10 @@
 """The sidecar process: the software DPU that holds (L0), replicates (L1) and persists (L2) checkpoints.
 
+Collaborators (each in its own module): :class:`~._memory.Memory` (arena slots, replica buffers,
+holdings), :class:`~._link.CatalogLink` (the catalog, surviving Redis outages),
+:class:`~._peers.Peers` (placement and peer connections), :class:`~._restore.Restorer`
+(restores from the nearest verified copy) and the workers of :mod:`._workers`.
+
 Threads (all daemons, stopped by :meth:`Sidecar.stop`):
 
 * ``uds`` — accepts trainer connections on the Unix socket (:mod:`._trainer_conn`).
@@ -19,15 +24,20 @@ import queue
 import signal
 import socket
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 from lifeline.api.pod import SidecarSettings
-from lifeline.catalog import Catalog, CorruptionReport
-from lifeline.control import place_replicas
-from lifeline.errors import CatalogError, ChecksumError, PeerError, RecoveryError, SidecarError, StorageError
-from lifeline.sidecar import _format
-from lifeline.sidecar.arena import Arena
+from lifeline.catalog import Catalog, SidecarRegistration
+from lifeline.checkpoint import S3Storage, Storage, storage_from_uri
+from lifeline.errors import ChecksumError
+from lifeline.sidecar import _format, _peer_conn, _trainer_conn
+from lifeline.sidecar._link import CatalogLink
+from lifeline.sidecar._memory import Memory
+from lifeline.sidecar._peers import Peers
+from lifeline.sidecar._restore import Restorer
+from lifeline.sidecar._upload import S3Uploader
+from lifeline.sidecar._workers import Heartbeat, PersistDue, Persister, Replicator, Watermarks
 from lifeline.sidecar.metrics import SidecarMetrics, serve_http
 from lifeline.sidecar.peer import PeerClient
 from lifeline.sidecar.store import Holding, Store
@@ -53,57 +63,96 @@ class Sidecar:
         self.rank = settings.rank
         self.secret = settings.secret.get_secret_value().encode()
         self.metrics = SidecarMetrics()
-        self.arena = Arena(settings.arena_dir, settings.slots, settings.slot_bytes)
-        self.free_slots: list[int] = list(range(settings.slots))
-        self.store = Store(settings.memory_bytes, self._on_evict)
-        self.catalog = Catalog(settings.redis_url, self.job, settings.world_size)
-        self.storage, self.prefix = self._make_storage() if settings.persist_enabled else (None, "")
-        self.uploader = self._make_uploader()
         self.stopping = threading.Event()
+        self.memory = Memory(settings, self.stopping, self._on_evict)
+        self.catalog = Catalog(settings.redis_url, self.job, settings.world_size)
+        self.link = CatalogLink(self.catalog, self.metrics, self.memory.store, rank=self.rank,
+                                required_tier=settings.required_tier)
+        self.peers = Peers(settings, self.catalog, self.secret)
+        found = self._make_storage() if settings.persist_enabled else None
+        self.storage: Storage | None = found[0] if found else None
+        self.prefix = found[1] if found else ""
+        self.uploader = self._make_uploader()
+        self.restorer = Restorer(self.memory, self.link, self.peers, found, job=self.job, rank=self.rank,
+                                 wait_sealed=self.wait_sealed)
+        self.marks = Watermarks()
         self.seal_q: queue.Queue = queue.Queue()
         self.repl_q: queue.Queue = queue.Queue()
-        self.persist_cv = threading.Condition()
-        self.persist_due: Holding | None = None
-        self.catalog_dirty = True
-        self.latest_sealed = -1
-        self.latest_replicated = -1
-        self.latest_persisted = -1
-        self.placement: dict[int, tuple[int, ...]] | None = None
-        self.placement_nodes: tuple[str, ...] | None = None
+        self.persist_due = PersistDue(self.memory)
         self._threads: list[threading.Thread] = []
         self._sealing = 0  # committed slots not yet sealed and filed
-        self._spares: list[bytearray] = []  # at most one evicted replica buffer, reused by the next
         self._sockets: list[socket.socket] = []
         self.http = None
         self.peer_port = 0
         self.metrics_port = 0
 
-    # ------------------------------------------------------------------ setup
-    def _make_storage(self):
-        """``(storage, prefix)`` for ``LIFELINE_PERSIST_URI`` (S3 options from the settings)."""
-        from lifeline.checkpoint import storage_from_uri
+    # ------------------------------------------------------------------ what handlers use
+    @property
+    def store(self) -> Store:
+        """The holdings in memory."""
+        return self.memory.store
 
+    @property
+    def catalog_dirty(self) -> bool:
+        """The catalog has not been resynchronised since it was last unreachable."""
+        return self.link.dirty
+
+    def catalog_try(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`CatalogLink.call`."""
+        return self.link.call(fn, *args, **kwargs)
+
+    def acquire_slot(self, timeout: float | None) -> int | None:
+        """See :meth:`Memory.acquire_slot`."""
+        return self.memory.acquire_slot(timeout)
+
+    def release_slot(self, slot: int) -> None:
+        self.memory.release_slot(slot)
+
+    def take_buffer(self, nbytes: int) -> memoryview:
+        return self.memory.take_buffer(nbytes)
+
+    def give_buffer(self, buf: memoryview) -> None:
+        self.memory.give_buffer(buf)
+
+    def unpin(self, h: Holding) -> None:
+        self.memory.unpin(h)
+
+    def fetch(self, step: int | None, rank: int) -> tuple[Holding, str]:
+        """See :meth:`Restorer.fetch`."""
+        return self.restorer.fetch(step, rank)
+
+    def report_corrupt(self, err: ChecksumError, tier: str, where: str) -> None:
+        """See :meth:`CatalogLink.report_corrupt`."""
+        self.link.report_corrupt(err, tier, where)
+
+    def peer(self, rank: int, timeout: float = 30.0) -> PeerClient:
+        """See :meth:`Peers.connect`."""
+        return self.peers.connect(rank, timeout)
+
+    # ------------------------------------------------------------------ setup
+    def _make_storage(self) -> tuple[Storage, str]:
+        """``(storage, prefix)`` for ``LIFELINE_PERSIST_URI`` (S3 options from the settings)."""
         s = self.s
         kwargs: dict[str, Any] = {}
         if s.persist_uri.startswith("s3://"):
-            kwargs = dict(
-                endpoint=s.s3_endpoint, access_key=s.s3_access_key,
-                secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure, retries=s.persist_retries,
-            )
+            kwargs = dict(endpoint=s.s3_endpoint, access_key=s.s3_access_key,
+                          secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure, retries=s.persist_retries)
         return storage_from_uri(s.persist_uri, **kwargs)
 
-    def _make_uploader(self):
+    def _make_uploader(self) -> S3Uploader | None:
         """The L2 blob uploader for S3 storage (:mod:`._upload`: parts straight from the arena, crc32c-checked
-        in transit), with the storage's bucket, part size and parallelism; None for other storages."""
-        from lifeline.sidecar._upload import S3Uploader
-
+        in transit), with the storage's bucket, part size and parallelism; ``None`` for other storages."""
         st = self.storage
-        if st is None or not self.s.persist_uri.startswith("s3://"):
+        if not isinstance(st, S3Storage):
             return None
         access = self.s.s3_access_key or os.environ.get("AWS_ACCESS_KEY_ID", "")
         secret = self.s.s3_secret_key.get_secret_value() or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
         return S3Uploader(st.endpoint, access, secret, st.bucket, secure=self.s.s3_secure, part_size=st.part_size,
                           concurrency=st.max_concurrency, retries=self.s.persist_retries)
+
+    def _registration(self) -> SidecarRegistration:
+        return SidecarRegistration(self.rank, self.s.node, self.s.pod_ip, self.peer_port, self.metrics_port,
+                                   os.getpid())
 
     def start(self) -> Sidecar:
         """Bind the sockets, start every thread and register in the catalog (best effort)."""
@@ -124,29 +173,30 @@ class Sidecar:
         if s.metrics_port >= 0:
             self.http = serve_http(s.pod_ip, s.metrics_port, self.metrics, self.health)
             self.metrics_port = self.http.server_address[1]
-
-        # load the format (and torch) now, not while a trainer waits on its first save's commit
-        from lifeline.checkpoint import ShardMetadata, ShardPlan, seal_shard  # noqa: F401
-        from lifeline.sidecar import _peer_conn, _trainer_conn, _workers
-
+        common = dict(memory=self.memory, link=self.link, metrics=self.metrics, marks=self.marks,
+                      stopping=self.stopping)
         self._spawn("uds", self._accept_loop, uds, _trainer_conn.serve_trainer)
         self._spawn("peer", self._accept_loop, tcp, _peer_conn.serve_peer)
         self._spawn("sealer", self._sealer)
-        self._spawn("replicator", _workers.replicator, self)
-        self._spawn("persister", _workers.persister, self)
-        self._spawn("heartbeat", _workers.heartbeat, self)
-        log.info(
-            "sidecar started", extra={"job": self.job, "rank": self.rank, "peer": f"{s.pod_ip}:{self.peer_port}",
-                                      "metrics_port": self.metrics_port, "arena": str(s.arena_dir)},
-        )
+        self._spawn("replicator", Replicator(self.repl_q, self.memory, self.peers, self.link, self.metrics,
+                                             self.marks, self.stopping, self.update_gauges).run)
+        if self.storage is not None:
+            put = self.uploader.put if self.uploader is not None else self.storage.put
+            self._spawn("persister", Persister(self.persist_due, self.storage, self.prefix, put, job=self.job,
+                                               world_size=s.world_size, **common).run)
+        self._spawn("heartbeat", Heartbeat(self.link, self.memory, self._registration, period=s.heartbeat_seconds,
+                                           metrics=self.metrics, stopping=self.stopping,
+                                           on_change=self.update_gauges).run)
+        log.info("sidecar started", extra={"job": self.job, "rank": self.rank, "peer": f"{s.pod_ip}:{self.peer_port}",
+                                           "metrics_port": self.metrics_port, "arena": str(s.arena_dir)})
         return self
 
-    def _spawn(self, name: str, fn, *args) -> None:
+    def _spawn(self, name: str, fn: Callable, *args: Any) -> None:
         t = threading.Thread(target=fn, args=args, name=f"sidecar-{self.rank}-{name}", daemon=True)
         t.start()
         self._threads.append(t)
 
-    def _accept_loop(self, lsock: socket.socket, handler) -> None:
+    def _accept_loop(self, lsock: socket.socket, handler: Callable) -> None:
         while not self.stopping.is_set():
             try:
                 conn, addr = lsock.accept()
@@ -155,7 +205,7 @@ class Sidecar:
             threading.Thread(target=self._handle, args=(handler, conn, addr), daemon=True,
                              name=f"sidecar-{self.rank}-conn").start()
 
-    def _handle(self, handler, conn: socket.socket, addr) -> None:
+    def _handle(self, handler: Callable, conn: socket.socket, addr: Any) -> None:
         try:
             handler(self, conn, addr)
         except Exception:  # one connection never takes the sidecar down
@@ -175,8 +225,7 @@ class Sidecar:
             except OSError:
                 pass
             sk.close()
-        with self.persist_cv:
-            self.persist_cv.notify_all()
+        self.persist_due.wake()
         self.seal_q.put(None)
         self.repl_q.put(None)
         if self.http is not None:
@@ -189,100 +238,25 @@ class Sidecar:
             pass
         if self.uploader is not None:
             self.uploader.close()
-        self.arena.close(unlink=unlink)  # frees the Memory-backed pages once every mapping is gone
+        self.memory.close(unlink=unlink)  # frees the Memory-backed pages once every mapping is gone
         self.catalog.close()
 
-    # ------------------------------------------------------------------ health
     def health(self) -> tuple[bool, str]:
         """``(ok, detail)`` for ``/healthz``: threads alive and the catalog reachable."""
         dead = [t.name for t in self._threads if not t.is_alive()]
         if dead:
             return False, f"threads stopped: {', '.join(dead)}"
-        if self.catalog_dirty:
-            return True, "ok (catalog resynchronising)"
-        return True, "ok"
-
-    # ------------------------------------------------------------------ slots
-    def acquire_slot(self, timeout: float | None) -> int | None:
-        """A free arena slot, evicting the oldest evictable L0 checkpoint if needed.
-
-        Waits up to ``timeout`` seconds (None: forever, 0: not at all); None when none freed.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self.store.cond:
-                if self.free_slots:
-                    return self.free_slots.pop(0)
-            if self.store.evict_for_slot(self.rank) is not None:
-                continue
-            with self.store.cond:
-                if self.free_slots:
-                    continue
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if (remaining is not None and remaining <= 0) or self.stopping.is_set():
-                    return None
-                self.store.cond.wait(0.5 if remaining is None else min(remaining, 0.5))
-
-    def release_slot(self, slot: int) -> None:
-        """Return a slot to the free list."""
-        with self.store.cond:
-            if slot not in self.free_slots:
-                self.free_slots.append(slot)
-            self.store.cond.notify_all()
+        return True, "ok (catalog resynchronising)" if self.link.dirty else "ok"
 
     def _on_evict(self, h: Holding) -> None:
-        if h.slot is not None and h.pins == 0:
-            self.release_slot(h.slot)
-        if h.slot is None and h.pins == 0 and h.kind == "shard":
-            self.give_buffer(h.buf)
         if h.kind == "shard":
-            self.catalog_try(self.catalog.remove_holding, h.step, h.rank, h.tier, self.rank)
-
-    def take_buffer(self, nbytes: int) -> memoryview:
-        """A buffer of exactly ``nbytes`` for an incoming replica: a spare one of that size if any
-        (already faulted in, so receiving does not page-fault), else a new one."""
-        with self.store.cond:
-            for i, b in enumerate(self._spares):
-                if len(b) == nbytes:
-                    return memoryview(self._spares.pop(i))
-        return memoryview(bytearray(nbytes))
-
-    def give_buffer(self, buf: memoryview) -> None:
-        """Keep a no-longer-used replica buffer as the (single) spare for the next replica."""
-        obj = buf.obj if isinstance(buf, memoryview) else buf
-        if isinstance(obj, bytearray):
-            with self.store.cond:
-                self._spares[:] = [obj]
-
-    def unpin(self, h: Holding) -> None:
-        """Release a reader's pin; frees an evicted holding's slot once its last reader is done."""
-        self.store.unpin(h)
-        if h.evicted and h.pins == 0 and h.slot is not None:
-            self.release_slot(h.slot)
-
-    # ------------------------------------------------------------------ catalog helpers
-    def catalog_try(self, fn, *args, **kwargs):
-        """Call a catalog method; on failure count it, mark the catalog for resync, return None."""
-        try:
-            return fn(*args, **kwargs)
-        except CatalogError as err:
-            self.metrics.errors.labels("catalog").inc()
-            if not self.catalog_dirty:
-                log.warning("catalog unavailable; will resynchronise: %s", err)
-            self.catalog_dirty = True
-            return None
-
-    def advance(self, step: int) -> None:
-        """Ask the catalog to advance the latest complete step to ``step`` at the required tier."""
-        latest = self.catalog_try(self.catalog.try_advance, step, self.s.required_tier)
-        if latest is not None and latest > self.store.latest_complete:
-            self.store.latest_complete = latest
-            self.metrics.latest_complete.set(latest)
+            self.link.call(self.catalog.remove_holding, h.step, h.rank, h.tier, self.rank)
 
     def update_gauges(self) -> None:
-        self.metrics.held_bytes.labels("L0").set(self.store.held_bytes("L0"))
-        self.metrics.held_bytes.labels("L1").set(self.store.held_bytes("L1"))
-        self.metrics.replication_lag.set(max(0, self.latest_sealed - self.latest_replicated) if self.s.peer_replicas else 0)
+        store, marks = self.memory.store, self.marks
+        self.metrics.held_bytes.labels("L0").set(store.held_bytes("L0"))
+        self.metrics.held_bytes.labels("L1").set(store.held_bytes("L1"))
+        self.metrics.replication_lag.set(max(0, marks.sealed - marks.replicated) if self.s.peer_replicas else 0)
 
     # ------------------------------------------------------------------ sealing
     def commit_slot(self, slot: int, step: int, nbytes: int, plan: Any) -> None:
@@ -303,7 +277,7 @@ class Sidecar:
                 return
             slot, step, nbytes, plan = item
             try:
-                meta = _format.seal(plan, self.arena.view(slot, nbytes), job=self.job, step=step)
+                meta = _format.seal(plan, self.memory.arena.view(slot, nbytes), job=self.job, step=step)
             except Exception as err:  # a bad plan must not kill the sealer
                 log.error("sealing step %d failed: %s", step, err)
                 self.metrics.errors.labels("protocol").inc()
@@ -319,173 +293,21 @@ class Sidecar:
 
     def file_own(self, slot: int, step: int, nbytes: int, meta: str) -> Holding:
         """Hold a sealed slot as this rank's L0 checkpoint and start replication/persistence."""
-        h = Holding("shard", step, self.rank, nbytes, self.arena.view(slot, nbytes), meta, "L0", slot)
-        h.pins += 1  # replication/persistence pin, dropped by the workers
-        self.store.add(h, keep=self.s.keep)
-        self.latest_sealed = max(self.latest_sealed, step)
-        self.metrics.latest_step.set(self.latest_sealed)
-        self.catalog_try(self.catalog.add_holding, step, self.rank, "L0", self.rank, meta)
+        h = self.memory.hold_slot(slot, step, self.rank, nbytes, meta)  # pinned for replication/persistence
+        self.marks.sealed = max(self.marks.sealed, step)
+        self.metrics.latest_step.set(self.marks.sealed)
+        self.link.call(self.catalog.add_holding, step, self.rank, "L0", self.rank, meta)
         if self.s.required_tier == "L0":
-            self.advance(step)
-        due = self.s.persist_enabled and step % self.s.persist_every == 0
-        if due:
+            self.link.advance(step)
+        if self.storage is not None and step % self.s.persist_every == 0:
             h.pins += 1
-            with self.persist_cv:
-                old, self.persist_due = self.persist_due, h
-                self.persist_cv.notify_all()
-            if old is not None:
-                self.unpin(old)  # superseded before it reached L2
+            self.persist_due.offer(h)
         if self.s.peer_replicas > 0:
             self.repl_q.put(h)
         else:
             self.unpin(h)
         self.update_gauges()
         return h
-
-    # ------------------------------------------------------------------ placement
-    def targets(self) -> tuple[int, ...]:
-        """Ranks whose sidecars hold this rank's L1 copies (Gemini placement over live nodes).
-
-        Raises:
-            PeerError: not every rank's sidecar is registered yet (placement needs every node).
-        """
-        regs = self.catalog.sidecars()
-        if len(regs) < self.s.world_size:
-            missing = sorted(set(range(self.s.world_size)) - set(regs))
-            raise PeerError(f"placement waits for sidecars of ranks {missing} to register", job=self.job)
-        nodes = tuple(regs[r].node for r in range(self.s.world_size))
-        if nodes != self.placement_nodes:
-            self.placement = place_replicas(list(nodes), self.s.peer_replicas)
-            self.placement_nodes = nodes
-        return self.placement[self.rank]
-
-    def peer(self, rank: int, timeout: float = 30.0) -> PeerClient:
-        """An authenticated connection to rank's sidecar (address from the catalog)."""
-        reg = self.catalog.sidecar(rank)
-        if reg is None:
-            raise PeerError(f"sidecar of rank {rank} is not registered", job=self.job, rank=rank)
-        return PeerClient(reg.host, reg.port, secret=self.secret, job=self.job, chunk_bytes=self.s.chunk_bytes,
-                          timeout=timeout, source=self.s.pod_ip)
-
-    # ------------------------------------------------------------------ restore
-    def fetch(self, step: int | None, rank: int) -> tuple[Holding, str]:
-        """The nearest verified copy of (step, rank) as a pinned holding in this sidecar, and its tier.
-
-        Tries this sidecar's memory (``L0``), then peers holding it (``L1``), then storage (``L2``);
-        every copy is verified against the chunk checksums before use, and a corrupt copy is
-        reported (log, metric, catalog) and skipped. ``step=None`` means the latest complete step.
-
-        Raises:
-            RecoveryError: no tier holds a verified copy.
-        """
-        self.wait_sealed()
-        if step is None:
-            step = self.catalog_try(self.catalog.latest_complete_step)
-            if step is None:
-                held = self.store.steps("shard", rank)
-                if not held:
-                    raise RecoveryError("no complete checkpoint to restore", job=self.job, rank=rank)
-                step = held[-1]
-        errors: list[str] = []
-        h = self.store.pin("shard", step, rank)
-        if h is not None:
-            try:
-                _format.verify(h.meta, h.buf, rank=rank, step=step, tier="L0")
-                if h.slot is not None:
-                    return h, "L0"
-                try:  # a replica held for a peer: copy it into a slot the trainer can map
-                    return self._fetch_into_slot(step, rank, h.meta, "L0", lambda v, h=h: _copy(h, v)), "L0"
-                finally:
-                    self.unpin(h)
-            except ChecksumError as err:
-                self.unpin(h)
-                self.report_corrupt(err, "L0", f"local@{self.rank}")
-                self.store.remove(h)
-                errors.append(str(err))
-        meta = self.catalog_try(self.catalog.meta, step, rank)
-        holders = self.catalog_try(self.catalog.holders, step, rank) or frozenset()
-        peers = sorted({h.holder for h in holders if h.holder is not None} - {self.rank})
-        for k in peers:
-            try:
-                return self._fetch_into_slot(step, rank, meta, "L1", lambda v, k=k: self._from_peer(k, step, rank, v)), "L1"
-            except ChecksumError as err:
-                errors.append(f"rank {k}: {err}")
-                self._drop_corrupt(k, step, rank)
-            except (PeerError, SidecarError) as err:
-                errors.append(f"rank {k}: {err}")
-        if self.storage is not None:
-            try:
-                return self._fetch_into_slot(step, rank, meta, "L2", lambda v: self._from_storage(step, rank, v)), "L2"
-            except (StorageError, ChecksumError, SidecarError) as err:
-                errors.append(f"L2: {err}")
-        raise RecoveryError(
-            f"no verified copy of step {step} rank {rank}: {'; '.join(errors) or 'no holders'}",
-            job=self.job, rank=rank, step=step,
-        )
-
-    def _from_peer(self, k: int, step: int, rank: int, view: memoryview) -> tuple[int, str]:
-        with self.peer(k) as pc:
-            got, meta = pc.get(kind="shard", step=step, rank=rank, into=view)
-            return len(got), meta
-
-    def _from_storage(self, step: int, rank: int, view: memoryview) -> tuple[int, str]:
-        from lifeline.checkpoint import blob_key
-
-        meta = self.catalog_try(self.catalog.meta, step, rank)
-        if meta is None:
-            raise SidecarError("no shard metadata in the catalog for the stored blob", rank=rank, step=step, tier="L2")
-        n = _format.blob_nbytes(meta)
-        if n > len(view):
-            raise SidecarError(f"stored blob of {n} bytes exceeds LIFELINE_SLOT_BYTES", rank=rank, step=step)
-        self.storage.get_into(blob_key(self.prefix, self.job, step, rank), 0, view[:n])
-        return n, meta
-
-    def _fetch_into_slot(self, step: int, rank: int, meta: str | None, tier: str, read) -> Holding:
-        slot = self.acquire_slot(timeout=60.0)
-        if slot is None:
-            raise SidecarError("no free arena slot to restore into", rank=rank, step=step)
-        try:
-            nbytes, peer_meta = read(self.arena.view(slot))
-            meta = meta or peer_meta
-            if not meta:
-                raise SidecarError("no shard metadata to verify against", rank=rank, step=step, tier=tier)
-            try:
-                _format.verify(meta, self.arena.view(slot, nbytes), rank=rank, step=step, tier=tier)
-            except ChecksumError as err:
-                self.report_corrupt(err, tier, "storage" if tier == "L2" else "peer")
-                raise
-        except BaseException:
-            self.release_slot(slot)
-            raise
-        h = Holding("shard", step, rank, nbytes, self.arena.view(slot, nbytes), meta, "L0", slot)
-        h.pins += 1
-        self.store.add(h, keep=self.s.keep)
-        self.catalog_try(self.catalog.add_holding, step, rank, "L0", self.rank, meta)
-        log.info("restored step %d rank %d from %s", step, rank, tier)
-        return h
-
-    def _drop_corrupt(self, k: int, step: int, rank: int) -> None:
-        """Forget rank k's corrupt copy of (step, rank): catalog first, then ask k to delete it (best effort)."""
-        for tier in ("L0", "L1"):
-            self.catalog_try(self.catalog.remove_holding, step, rank, tier, k)
-        try:
-            with self.peer(k, timeout=5.0) as pc:
-                pc.delete(kind="shard", step=step, rank=rank)
-        except (PeerError, CatalogError, OSError) as err:
-            log.warning("could not ask rank %d to drop its corrupt copy of step %d rank %d: %s", k, step, rank, err)
-
-    def report_corrupt(self, err: ChecksumError, tier: str, where: str) -> None:
-        """Report a copy that failed verification: log, metric and a catalog entry."""
-        self.metrics.errors.labels("checksum").inc()
-        log.error("corrupt copy detected and not used (%s at %s): %s", tier, where, err)
-        self.catalog_try(self.catalog.report_corrupt, CorruptionReport(
-            step=err.step, rank=err.rank, tier=tier, where=where, by=self.rank, chunk=err.key, error=str(err),
-            time=time.time()))
-
-
-def _copy(h: Holding, view: memoryview) -> tuple[int, str]:
-    view[: h.nbytes] = h.buf[: h.nbytes]
-    return h.nbytes, h.meta
 
 
 def run_sidecar(settings: SidecarSettings) -> None:

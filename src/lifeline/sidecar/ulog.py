@@ -10,6 +10,8 @@ bound (typically the iteration of the latest complete checkpoint).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import logging
 
@@ -19,12 +21,15 @@ from lifeline.sidecar._frames import crc32c, recv_data_into, send_ctrl, send_dat
 from lifeline.sidecar._logkey import LogKey
 from lifeline.sidecar.store import Holding
 
+if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
+    from lifeline.sidecar.server import Sidecar
+
 __all__ = ["LogKey", "serve_trainer_op"]
 
 log = logging.getLogger("lifeline.sidecar.ulog")
 
 
-def serve_trainer_op(sc, conn, msg: dict) -> None:
+def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
     """Serve ``log_put`` / ``log_get`` / ``log_gc`` from the trainer connection."""
     op = msg["op"]
     if op == "log_put":
@@ -59,7 +64,7 @@ def serve_trainer_op(sc, conn, msg: dict) -> None:
         send_ctrl(conn, {"op": "ok", "dropped": dropped})
 
 
-def _find(sc, key: LogKey, rank: int) -> tuple[memoryview, str]:
+def _find(sc: Sidecar, key: LogKey, rank: int) -> tuple[memoryview, str]:
     h = sc.store.pin("ulog", key.iteration, rank, key.name)
     if h is not None:
         try:

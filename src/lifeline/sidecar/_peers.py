@@ -1,0 +1,56 @@
+"""Peer sidecars of this one: where their L1 copies of this rank go (Gemini placement) and how to reach them."""
+
+from __future__ import annotations
+
+from lifeline.api.pod import SidecarSettings
+from lifeline.catalog import Catalog
+from lifeline.control import place_replicas
+from lifeline.errors import PeerError
+from lifeline.sidecar.peer import PeerClient
+
+__all__ = ["Peers"]
+
+
+class Peers:
+    """Addresses from the catalog's registrations; placement recomputed when nodes change.
+
+    Args:
+        settings: the sidecar's settings (job, rank, world size, replicas, chunk size, pod IP).
+        catalog: the job's catalog.
+        secret: the job's HMAC key (every connection is authenticated with it).
+    """
+
+    def __init__(self, settings: SidecarSettings, catalog: Catalog, secret: bytes) -> None:
+        self.s, self.catalog, self.secret = settings, catalog, secret
+        self._placement: dict[int, tuple[int, ...]] = {}
+        self._nodes: tuple[str, ...] | None = None
+
+    def targets(self) -> tuple[int, ...]:
+        """Ranks whose sidecars hold this rank's L1 copies (Gemini placement over the live nodes).
+
+        Raises:
+            PeerError: not every rank's sidecar is registered yet (placement needs every node).
+            CatalogError: Redis is unreachable.
+        """
+        regs = self.catalog.sidecars()
+        if len(regs) < self.s.world_size:
+            missing = sorted(set(range(self.s.world_size)) - set(regs))
+            raise PeerError(f"placement waits for sidecars of ranks {missing} to register", job=self.s.job)
+        nodes = tuple(regs[r].node for r in range(self.s.world_size))
+        if nodes != self._nodes:
+            self._placement = place_replicas(list(nodes), self.s.peer_replicas)
+            self._nodes = nodes
+        return self._placement[self.s.rank]
+
+    def connect(self, rank: int, timeout: float = 30.0) -> PeerClient:
+        """An authenticated connection to rank's sidecar.
+
+        Raises:
+            PeerError: its sidecar is not registered, or the connection or handshake failed.
+            CatalogError: Redis is unreachable.
+        """
+        reg = self.catalog.sidecar(rank)
+        if reg is None:
+            raise PeerError(f"sidecar of rank {rank} is not registered", job=self.s.job, rank=rank)
+        return PeerClient(reg.host, reg.port, secret=self.secret, job=self.s.job, chunk_bytes=self.s.chunk_bytes,
+                          timeout=timeout, source=self.s.pod_ip)
