@@ -1,21 +1,32 @@
-"""Starting the control plane of a :class:`~lifeline.devcluster.cluster.DevCluster` (flags documented in docs/devcluster.md)."""
+"""Starting a dev cluster's control plane, recorded in its :class:`~lifeline.devcluster._state.ClusterState`
+(flags documented in docs/devcluster.md)."""
 
 from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
+from lifeline.devcluster._state import ClusterState
 from lifeline.devcluster.pki import Pki, write_kubeconfig
-
-if TYPE_CHECKING:
-    from lifeline.devcluster.cluster import DevCluster
+from lifeline.devcluster.services import MinioServer, RedisServer
 
 
-def start_control_plane(cluster: DevCluster, bins: dict[str, Path], log, timeout: float) -> None:
+def start_control_plane(state: ClusterState, bins: dict[str, Path], log: Callable[[str], None],
+                        timeout: float) -> None:
     """Issue certificates and start etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-    Redis and MinIO for ``cluster`` (a :class:`DevCluster` whose state file exists), each waited for."""
-    p, sd = cluster.ports, cluster.state_dir
+    Redis and MinIO for the cluster of ``state``, each waited for and its pid recorded in the state file.
+
+    Args:
+        state: the new cluster's state (ports, MinIO credentials; its directory holds no daemons yet).
+        bins: ``{"etcd" | "kube-apiserver" | "kube-controller-manager" | "kube-scheduler": binary path}``.
+        log: progress callable, one line per component.
+        timeout: seconds to wait for each component to answer.
+
+    Raises:
+        ClusterError: a component exited or did not answer within ``timeout``.
+    """
+    p, sd = state.ports, state.state_dir
     pki = Pki(sd / "pki")
     sa_key, sa_pub = pki.service_account_keys()
     api_crt, api_key = pki.issue("apiserver", "kube-apiserver", server=True,
@@ -32,20 +43,20 @@ def start_control_plane(cluster: DevCluster, bins: dict[str, Path], log, timeout
     for stem, (cn, orgs) in clients.items():
         crt, key = pki.issue(stem, cn, orgs=orgs)
         path = sd / "kubeconfig" if stem == "admin" else sd / "kubeconfigs" / f"{stem}.kubeconfig"
-        write_kubeconfig(path, server=cluster.server, ca=pki.ca_cert, user=cn, cert=crt, key=key)
+        write_kubeconfig(path, server=state.server, ca=pki.ca_cert, user=cn, cert=crt, key=key)
 
     log(f"[up] etcd on 127.0.0.1:{p.etcd}")
-    cluster._spawn("etcd", [str(bins["etcd"]), "--name", "default", "--data-dir", str(sd / "etcd"),
+    state.spawn("etcd", [str(bins["etcd"]), "--name", "default", "--data-dir", str(sd / "etcd"),
                          "--listen-client-urls", f"http://127.0.0.1:{p.etcd}",
                          "--advertise-client-urls", f"http://127.0.0.1:{p.etcd}",
                          "--listen-peer-urls", f"http://127.0.0.1:{p.etcd_peer}",
                          "--initial-advertise-peer-urls", f"http://127.0.0.1:{p.etcd_peer}",
                          "--initial-cluster", f"default=http://127.0.0.1:{p.etcd_peer}",
                          "--unsafe-no-fsync", "--log-level", "warn"])
-    cluster._wait_http("etcd", f"http://127.0.0.1:{p.etcd}/health", timeout)
+    state.wait_http("etcd", f"http://127.0.0.1:{p.etcd}/health", timeout)
 
     log(f"[up] kube-apiserver on https://127.0.0.1:{p.apiserver}")
-    cluster._spawn("kube-apiserver", [
+    state.spawn("kube-apiserver", [
         str(bins["kube-apiserver"]),
         f"--etcd-servers=http://127.0.0.1:{p.etcd}",
         "--bind-address=127.0.0.1", f"--secure-port={p.apiserver}", "--advertise-address=127.0.0.1",
@@ -64,14 +75,14 @@ def start_control_plane(cluster: DevCluster, bins: dict[str, Path], log, timeout
     ])
     admin_ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
     admin_ctx.load_cert_chain(str(pki.dir / "admin.crt"), str(pki.dir / "admin.key"))
-    cluster._wait_http("kube-apiserver", f"{cluster.server}/readyz", timeout, admin_ctx)
+    state.wait_http("kube-apiserver", f"{state.server}/readyz", timeout, admin_ctx)
 
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE  # serving certs of kcm/scheduler are self-signed
     kcm_cfg = sd / "kubeconfigs" / "controller-manager.kubeconfig"
     log(f"[up] kube-controller-manager on 127.0.0.1:{p.controller_manager}")
-    cluster._spawn("kube-controller-manager", [
+    state.spawn("kube-controller-manager", [
         str(bins["kube-controller-manager"]),
         f"--kubeconfig={kcm_cfg}", f"--authentication-kubeconfig={kcm_cfg}",
         f"--authorization-kubeconfig={kcm_cfg}",
@@ -85,7 +96,7 @@ def start_control_plane(cluster: DevCluster, bins: dict[str, Path], log, timeout
     ])
     sched_cfg = sd / "kubeconfigs" / "scheduler.kubeconfig"
     log(f"[up] kube-scheduler on 127.0.0.1:{p.scheduler}")
-    cluster._spawn("kube-scheduler", [
+    state.spawn("kube-scheduler", [
         str(bins["kube-scheduler"]),
         f"--kubeconfig={sched_cfg}", f"--authentication-kubeconfig={sched_cfg}",
         f"--authorization-kubeconfig={sched_cfg}",
@@ -93,16 +104,14 @@ def start_control_plane(cluster: DevCluster, bins: dict[str, Path], log, timeout
         f"--cert-dir={sd / 'scheduler-certs'}",
         "--leader-elect=false", "--profiling=false", "--v=1",
     ])
-    cluster._wait_http("kube-controller-manager", f"https://127.0.0.1:{p.controller_manager}/healthz",
+    state.wait_http("kube-controller-manager", f"https://127.0.0.1:{p.controller_manager}/healthz",
                     timeout, insecure)
-    cluster._wait_http("kube-scheduler", f"https://127.0.0.1:{p.scheduler}/healthz", timeout, insecure)
-
-    from lifeline.devcluster.services import MinioServer, RedisServer
+    state.wait_http("kube-scheduler", f"https://127.0.0.1:{p.scheduler}/healthz", timeout, insecure)
 
     log(f"[up] redis on 127.0.0.1:{p.redis}, minio on 127.0.0.1:{p.minio}")
     r = RedisServer(state_dir=sd / "redis", port=p.redis).start()
-    cluster._state["pids"]["redis"] = r.detach()
-    m = MinioServer(state_dir=sd / "minio", port=p.minio, access_key=cluster.minio_access_key,
-                    secret_key=cluster.minio_secret_key).start()
-    cluster._state["pids"]["minio"] = m.detach()
-    cluster._save()
+    state.pids["redis"] = r.detach()
+    m = MinioServer(state_dir=sd / "minio", port=p.minio, access_key=state.minio.access_key,
+                    secret_key=state.minio.secret_key).start()
+    state.pids["minio"] = m.detach()
+    state.save()

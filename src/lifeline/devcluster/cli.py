@@ -9,28 +9,28 @@ from typing import Optional
 
 import typer
 
+from lifeline.devcluster import build as build_cache
+from lifeline.devcluster.cluster import DevCluster, Ports
+from lifeline.errors import ConfigError
+
 app = typer.Typer(no_args_is_help=True)
 node_app = typer.Typer(no_args_is_help=True)
 
 _STATE = typer.Option(Path(".state/devcluster"), "--state-dir", help="The cluster's state directory.")
 
 
-def _cluster(state_dir: Path):
-    from lifeline.devcluster.cluster import DevCluster
-
+def _cluster(state_dir: Path) -> DevCluster:
     return DevCluster(state_dir)
 
 
 @app.command()
 def build(component: Optional[list[str]] = typer.Argument(None, help="etcd, kubernetes, helm, minio (default: all)")):
     """Build the cluster's binaries from source into the cache (once; reused afterwards)."""
-    from lifeline.devcluster import build as b
-
     names = component or ["etcd", "helm", "minio", "kubernetes"]
     for n in names:
-        d = b.ensure(n)
+        d = build_cache.ensure(n)
         marker = json.loads((d / ".complete").read_text())
-        print(f"{n} {b.COMPONENTS[n].version}: {d} (built in {marker['build_seconds']}s)")
+        print(f"{n} {build_cache.COMPONENTS[n].version}: {d} (built in {marker['build_seconds']}s)")
 
 
 @app.command()
@@ -48,8 +48,6 @@ def up(
     node_memory: str = typer.Option("8Gi", "--node-memory", help="Allocatable memory per node."),
 ):
     """Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Redis, MinIO and N nodes."""
-    from lifeline.devcluster.cluster import DevCluster, Ports
-
     ports = Ports(apiserver=apiserver_port, etcd=etcd_port, etcd_peer=etcd_peer_port,
                   controller_manager=controller_manager_port, scheduler=scheduler_port,
                   redis=redis_port, minio=minio_port)
@@ -137,8 +135,8 @@ def node_run(
     pods: str = typer.Option("110", "--pods"),
 ):
     """Run a process-node agent (started by `lifeline devcluster up`)."""
+    # imported here: the node agent loads the kubernetes client, which `lifeline --help` must not
     from lifeline.devcluster.node.agent import main_run
-    from lifeline.errors import ConfigError
 
     if not 1 <= index <= 32:
         raise ConfigError(f"--index must be in 1..32, got {index}", field="index")

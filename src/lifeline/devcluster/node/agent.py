@@ -16,7 +16,6 @@ clusters on one machine never hand out the same address; the per-node counter is
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import signal
@@ -25,8 +24,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any, Callable
 
-from lifeline.devcluster.node.pod import PodWorker, now_rfc3339
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from lifeline.devcluster.node._common import now_rfc3339
+from lifeline.devcluster.node._common import raw as _raw
+from lifeline.devcluster.node.logserver import start_log_server
+from lifeline.devcluster.node.pod import PodWorker
 
 __all__ = ["NodeAgent"]
 
@@ -56,8 +62,6 @@ class NodeAgent:
     def __init__(self, *, name: str, index: int, net: int, kubeconfig: Path, state_dir: Path, shm_dir: Path,
                  server: str, ca: Path, serving_cert: Path | None = None, serving_key: Path | None = None,
                  cpu: str = "4", memory: str = "8Gi", pods: str = "110") -> None:
-        from kubernetes import client, config
-
         self.name, self.index, self.net = name, int(index), int(net)
         self.state_dir, self.shm_dir = Path(state_dir), Path(shm_dir)
         self.server, self.ca = server, Path(ca)
@@ -80,10 +84,9 @@ class NodeAgent:
         """Write a timestamped line to the agent's log (stderr)."""
         print(f"{now_rfc3339()} {self.name}: {line}", file=sys.stderr, flush=True)
 
-    def raw(self, fn, *args, **kw) -> dict:
+    def raw(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict:
         """Call a kubernetes client method and return the JSON body as a dict (camelCase keys)."""
-        resp = fn(*args, _preload_content=False, **kw)
-        return json.loads(resp.data)
+        return _raw(fn, *args, **kw)
 
     def allocate_ip(self) -> str:
         """Next free pod IP of this node's block (see the module docstring); 2032 addresses per node."""
@@ -127,9 +130,7 @@ class NodeAgent:
         }
 
     def register(self) -> None:
-        """Create the Node (or refresh its status when it already exists)."""
-        from kubernetes.client.exceptions import ApiException
-
+        """Create the Node (or refresh its status when it already exists). Raises ApiException on refusal."""
         self._since: dict[str, str] = {}
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.name, "labels": {
@@ -147,8 +148,6 @@ class NodeAgent:
         self._uid = self.raw(self.core.read_node, self.name)["metadata"]["uid"]
 
     def _renew_lease(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             self.coord.patch_namespaced_lease(self.name, "kube-node-lease",
                                               {"spec": {"renewTime": _micro_now(), "holderIdentity": self.name}})
@@ -199,9 +198,6 @@ class NodeAgent:
             w.request_delete(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
 
     def _watch_loop(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
         selector = f"spec.nodeName={self.name}"
         while not self._stop.is_set():
             try:
@@ -235,9 +231,8 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         if self.serving:
-            from lifeline.devcluster.node.logserver import start_log_server
-
-            self.kubelet_port = start_log_server(self, cert=self.serving[0], key=self.serving[1], ca=self.ca)
+            self.kubelet_port = start_log_server(self.state_dir / "pods", self.name, cert=self.serving[0],
+                                                 key=self.serving[1], ca=self.ca)
         while not self._stop.is_set():
             try:
                 self.register()

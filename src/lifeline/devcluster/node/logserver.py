@@ -17,10 +17,6 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from lifeline.devcluster.node.agent import NodeAgent
 
 __all__ = ["start_log_server", "find_log"]
 
@@ -45,7 +41,7 @@ def find_log(pods_dir: Path, namespace: str, pod: str, container: str, *, previo
     return runs[-1] if runs else None
 
 
-def _handler(agent: NodeAgent):
+def _handler(pods_dir: Path, node: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # keep the agent log quiet
             pass
@@ -67,10 +63,10 @@ def _handler(agent: NodeAgent):
             _, ns, pod, container = parts
             q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
             previous = q.get("previous") == "true"
-            path = find_log(agent.state_dir / "pods", ns, pod, container, previous=previous)
+            path = find_log(pods_dir, ns, pod, container, previous=previous)
             if path is None:
                 self._fail(404, f"no {'previous ' if previous else ''}log for container {container!r} of pod "
-                                f"{ns}/{pod} on node {agent.name}")
+                                f"{ns}/{pod} on node {node}")
                 return
             data = path.read_bytes()
             if "tailLines" in q:
@@ -95,7 +91,7 @@ def _handler(agent: NodeAgent):
                         self.wfile.write(chunk)
                         self.wfile.flush()
                         continue
-                    current = find_log(agent.state_dir / "pods", ns, pod, container, previous=False)
+                    current = find_log(pods_dir, ns, pod, container, previous=False)
                     if current != path or not _running(path):
                         return
                     time.sleep(0.2)
@@ -109,13 +105,24 @@ def _running(log: Path) -> bool:
     return (pod_dir / "containers" / f"{log.parent.name}.pid").exists()
 
 
-def start_log_server(agent: NodeAgent, *, cert: Path, key: Path, ca: Path) -> int:
-    """Serve container logs over TLS on 127.0.0.1 (a free port) in a daemon thread; returns the port."""
+def start_log_server(pods_dir: Path, node: str, *, cert: Path, key: Path, ca: Path) -> int:
+    """Serve the container logs under ``pods_dir`` (the node's ``pods/``; see :func:`find_log`) over TLS
+    on 127.0.0.1 (a free port) in a daemon thread; returns the port.
+
+    Args:
+        pods_dir: the node's pod directories (``<uid>/pod.json``, ``<uid>/logs/<container>/<run>.log``).
+        node: the node's name (in error messages).
+        cert, key: the node's serving certificate and key (PEM files).
+        ca: the cluster CA: clients must present a certificate it signed.
+
+    Raises:
+        OSError, ssl.SSLError: the certificate files cannot be read or the socket cannot be bound.
+    """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key))
     ctx.load_verify_locations(str(ca))
     ctx.verify_mode = ssl.CERT_REQUIRED  # only the API server (kubelet-client cert) may read logs
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(agent))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(pods_dir, node))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name="log-server", daemon=True).start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -39,8 +40,6 @@ def run_probe(probe: dict, *, pod_ip: str, container: dict, env: dict[str, str],
                 else http.client.HTTPConnection
             kw = {}
             if cls is http.client.HTTPSConnection:
-                import ssl
-
                 kw["context"] = ssl._create_unverified_context()  # kubelet does not verify either
             conn = cls(host, port, timeout=timeout, **kw)
             try:

@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from kubernetes.client.exceptions import ApiException
+
 from lifeline.errors import ClusterError
 
 __all__ = ["mount_env_name", "materialise_volumes", "container_env", "expand", "field_ref"]
@@ -246,9 +248,7 @@ def container_env(pod: dict, container: dict, *, base: dict[str, str], get_confi
 
 
 def secret_or_none(fn: Callable[[], Any]) -> Any:
-    """Call ``fn`` returning ``None`` on a 404 ApiException."""
-    from kubernetes.client.exceptions import ApiException
-
+    """Call ``fn`` returning ``None`` on a 404 ApiException (other errors propagate)."""
     try:
         return fn()
     except ApiException as err:
