@@ -19,7 +19,7 @@ from lifeline.bench._sidecar_dlrover import DLRover
 from lifeline.bench._sidecar_peers import DcpAsync, Memcpy, PlainUpload, RawTcp, TorchSave, wait
 from lifeline.checkpoint import Layout, PatternRules, plan_shard
 from lifeline.devcluster.services import MinioServer
-from lifeline.sidecar.catalog import Catalog
+from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
 
 __all__ = ["SidecarProcess", "sidecar_env", "sidecar_runs", "WARM"]
@@ -124,7 +124,7 @@ def sidecar_runs(state: State, nbytes: int, reps: int, workdir: Path, disk: Path
                     r = client.save(step, state, plan)
                     stalls.append(r.stall_seconds)
                     waits.append(r.waited_seconds)
-                    wait(lambda s=step: "L1@1" in cat.holders(s, 0), 600, f"replication of step {step}")
+                    wait(lambda s=step: "L1@1" in cat.holder_names(s, 0), 600, f"replication of step {step}")
                     raw.append(tcp())
                     saves.append(tsave())
                     dcps.append(dcp())
@@ -169,7 +169,7 @@ def sidecar_runs(state: State, nbytes: int, reps: int, workdir: Path, disk: Path
         with SidecarClient(settings) as client:
             for step in range(reps + 1):
                 client.save(step, state, plan1)
-                wait(lambda s=step: "L2" in cat.holders(s, 0), 600, f"persistence of step {step}")
+                wait(lambda s=step: "L2" in cat.holder_names(s, 0), 600, f"persistence of step {step}")
                 uploads.append(plain())
         del plain
         res["plain_upload_s"] = uploads[1:]

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from lifeline.api import LayoutSpec
 from lifeline.catalog import CatalogView, ProgressReport
+from lifeline.errors import ConfigError
 from lifeline.launch._observe import tier_steps
 from lifeline.launch.inject import Injection
 
@@ -56,8 +57,6 @@ class LaunchOptions:
     warm_start: bool = False
 
     def __post_init__(self) -> None:
-        from lifeline.errors import ConfigError
-
         for name in ("spares_per_node", "standby_nodes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 turns it off), got "

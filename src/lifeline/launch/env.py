@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob
-from lifeline.errors import ConfigError
-from lifeline.launch.spec import trainer_argv
 from lifeline.api.manifests import (
     SECRET_HMAC_KEY,
     SECRET_S3_ACCESS_KEY,
@@ -30,6 +28,8 @@ from lifeline.api.manifests import (
     PodConfig,
     rank_pod,
 )
+from lifeline.errors import ConfigError
+from lifeline.launch.spec import trainer_argv
 
 __all__ = ["Secrets", "ProcessSpec", "RankProcesses", "rank_processes", "node_ip", "LOCAL_ENV"]
 

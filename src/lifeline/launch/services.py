@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lifeline.api import TrainingJob
+from lifeline.checkpoint import Storage, storage_from_uri
+from lifeline.devcluster.services import MinioServer, RedisServer
 from lifeline.errors import ConfigError
 
 __all__ = ["Services", "start_services"]
@@ -39,12 +41,10 @@ class Services:
     s3_secret_key: str = ""
     servers: list[Any] = field(default_factory=list)
 
-    def storage(self) -> tuple[Any, str] | None:
+    def storage(self) -> tuple[Storage, str] | None:
         """``(storage, prefix)`` of the L2 store (``None`` without L2)."""
         if not self.persist_uri:
             return None
-        from lifeline.checkpoint import storage_from_uri
-
         if self.persist_uri.startswith("s3://"):
             return storage_from_uri(self.persist_uri, endpoint=self.s3_endpoint, access_key=self.s3_access_key,
                                     secret_key=self.s3_secret_key)
@@ -84,8 +84,6 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
         ConfigError: a persist URI that is neither ``s3://`` nor ``file://`` nor a path.
         ClusterError: a server did not start.
     """
-    from lifeline.devcluster.services import MinioServer, RedisServer
-
     state_dir.mkdir(parents=True, exist_ok=True)
     redis = RedisServer(state_dir=state_dir / "redis").start()
     services = Services(redis_url=redis.url, servers=[redis])

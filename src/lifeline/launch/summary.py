@@ -9,14 +9,17 @@ import statistics
 import time
 from typing import Any
 
+import torch
+
+from lifeline.checkpoint import Storage, list_steps
+from lifeline.control import ettr
+
 __all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
 
 
 def state_digest(tensors: dict[str, Any]) -> str:
     """SHA-256 over a consolidated state in fully-qualified-name order: for every tensor its name,
     dtype, shape and raw bytes (C order). Bit-identical states, and only those, give equal digests."""
-    import torch
-
     h = hashlib.sha256()
     for fqn in sorted(tensors):
         t = tensors[fqn].detach().contiguous().cpu()
@@ -43,11 +46,9 @@ def checksum_digest(metas: list[str | None]) -> str:
     return h.hexdigest()
 
 
-def await_l2_step(storage: Any, prefix: str, job: str, step: int, timeout: float) -> bool:
+def await_l2_step(storage: Storage, prefix: str, job: str, step: int, timeout: float) -> bool:
     """Poll until checkpoint ``step`` of ``job`` is committed in L2 (its manifest exists), at most
     ``timeout`` seconds. Returns whether it is."""
-    from lifeline.checkpoint import list_steps
-
     deadline = time.monotonic() + timeout
     while True:
         if step in list_steps(storage, prefix, job):
@@ -69,8 +70,6 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
     restarted run began at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``),
     ``state_dir``.
     """
-    from lifeline.control import ettr
-
     snap = sup.snapshot
     steps_run = [v for v in sup.step_seconds.values() if v > 0]
     step_seconds = statistics.median(steps_run) if steps_run else None

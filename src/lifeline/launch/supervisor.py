@@ -22,8 +22,8 @@ from lifeline.api import RecoveryAction, RecoveryPlan, TrainingJob
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import Decision, NodeState, Progress, Record, Settle, decide
 from lifeline.errors import CatalogError, RecoveryError
-from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._fleet import Fleet
+from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
 from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot, Tally, stuck_ranks
 from lifeline.launch._resume import final_digest, resume_plan

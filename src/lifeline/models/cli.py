@@ -6,7 +6,6 @@ the command runs.
 
 from __future__ import annotations
 
-
 __all__ = ["trainer_command"]
 
 

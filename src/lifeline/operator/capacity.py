@@ -22,8 +22,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from lifeline.control.state import ClusterState, NodeState
 from lifeline.api.manifests import LABEL_JOB
+from lifeline.control.state import ClusterState, NodeState
 
 __all__ = ["pod_requests", "node_capacity", "with_capacity"]
 

@@ -29,7 +29,15 @@ from pydantic import ValidationError
 
 from lifeline.api.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
 from lifeline.api.recovery import RecoveryPlan
-from lifeline.api.trainingjob import GROUP, PLURAL, VERSION, RecoveryAction, RecoveryRecord, TrainingJob, TrainingJobStatus
+from lifeline.api.trainingjob import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    RecoveryAction,
+    RecoveryRecord,
+    TrainingJob,
+    TrainingJobStatus,
+)
 from lifeline.catalog import Catalog
 from lifeline.operator import events, metrics
 from lifeline.operator.capacity import pod_requests

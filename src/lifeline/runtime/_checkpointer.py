@@ -11,6 +11,7 @@ from lifeline.checkpoint import (
     Layout,
     PatternRules,
     ShardMetadata,
+    Storage,
     blob_key,
     commit,
     list_steps,
@@ -69,7 +70,7 @@ class StorageCheckpointer:
         job, layout, rank, rules: whose shard this is and how its tensors map to logical ones.
     """
 
-    def __init__(self, storage: Any, prefix: str, job: str, layout: Layout, rank: int, rules: PatternRules) -> None:
+    def __init__(self, storage: Storage, prefix: str, job: str, layout: Layout, rank: int, rules: PatternRules) -> None:
         self.storage, self.prefix, self.job = storage, prefix, job
         self.layout, self.rank, self.rules = layout, rank, rules
         self._plan = None

@@ -14,6 +14,8 @@ import heapq
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from lifeline.checkpoint import write_shard
+
 MIN_PARALLEL_BYTES = 16 << 20  # below this a second thread costs more than it saves
 
 
@@ -31,8 +33,6 @@ def write_parallel(plan: Any, state: Any, out: memoryview, pool: ThreadPoolExecu
         LayoutError: ``state`` does not match ``plan`` (raised only after every thread has stopped
             writing into ``out``).
     """
-    from lifeline.checkpoint import write_shard
-
     if pool is None or threads <= 1 or len(plan.tensors) < 2 or plan.nbytes < MIN_PARALLEL_BYTES:
         write_shard(plan, state, out)
         return

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lifeline.checkpoint import ShardMetadata, seal_shard
 from lifeline.errors import ChecksumError
 
 
 def seal(plan: Any, blob: memoryview, *, job: str, step: int) -> str:
     """Checksum every chunk of ``blob`` per ``plan``; returns the ``ShardMetadata`` JSON."""
-    from lifeline.checkpoint import seal_shard
-
     return seal_shard(plan, blob, job=job, step=step).to_json()
 
 
@@ -23,8 +22,6 @@ def verify(meta_json: str, blob: memoryview, *, rank: int | None = None, step: i
     Raises:
         ChecksumError: a chunk does not match (the error names it), with rank/step/tier context.
     """
-    from lifeline.checkpoint import ShardMetadata
-
     meta = ShardMetadata.from_json(meta_json)
     try:
         meta.verify(blob)
@@ -34,6 +31,4 @@ def verify(meta_json: str, blob: memoryview, *, rank: int | None = None, step: i
 
 def blob_nbytes(meta_json: str) -> int:
     """The blob length recorded in the metadata."""
-    from lifeline.checkpoint import ShardMetadata
-
     return int(ShardMetadata.from_json(meta_json).nbytes)

@@ -16,7 +16,8 @@ import socket
 import struct
 from typing import Any
 
-from lifeline.errors import PeerError
+from lifeline.checkpoint._crc import crc32c as _crc
+from lifeline.errors import ChecksumError, PeerError
 
 HEADER = struct.Struct("!BB2xIQ")
 HAS_CRC = 1
@@ -27,8 +28,6 @@ MAX_CTRL_BYTES = 64 << 20  # a control frame (JSON: metadata, plans) never excee
 
 def crc32c(buf) -> int:
     """crc32c (Castagnoli) of any buffer, without copying (the checkpoint core's ctypes binding)."""
-    from lifeline.checkpoint._crc import crc32c as _crc
-
     return _crc(buf)
 
 
@@ -118,8 +117,6 @@ def recv_data_into(sock: socket.socket, view: memoryview, *, verify: bool = True
         PeerError: EOF, wrong frame type, a payload longer than ``view``.
         ChecksumError: the payload does not match the frame's crc32c (when it has one and ``verify``).
     """
-    from lifeline.errors import ChecksumError
-
     ftype, crc, length = recv_header(sock)
     if ftype != DATA:
         if ftype == CTRL and length <= MAX_CTRL_BYTES:

@@ -9,11 +9,10 @@ that disconnects mid-transfer leaves nothing behind.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 from lifeline.errors import AuthError, ChecksumError, LifelineError, PeerError
 from lifeline.sidecar import _format

@@ -6,7 +6,15 @@ import logging
 from collections.abc import Callable
 
 from lifeline.checkpoint import Storage, SupportsGetInto, blob_key
-from lifeline.errors import CatalogError, ChecksumError, ConfigError, PeerError, RecoveryError, SidecarError, StorageError
+from lifeline.errors import (
+    CatalogError,
+    ChecksumError,
+    ConfigError,
+    PeerError,
+    RecoveryError,
+    SidecarError,
+    StorageError,
+)
 from lifeline.sidecar import _format
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory

@@ -17,13 +17,12 @@ cached by ``plan_id`` so a steady-state save sends only small frames.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import base64
 import logging
 import pickle
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from lifeline.errors import LifelineError, PeerError
 from lifeline.sidecar import ulog

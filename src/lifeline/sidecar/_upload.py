@@ -32,6 +32,7 @@ from urllib.parse import quote, urlsplit
 import urllib3
 
 from lifeline.errors import StorageError
+from lifeline.sidecar._verify import crc32c
 
 _TRANSIENT = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "XMinioServerNotInitialized",
               "OperationAborted"}
@@ -173,8 +174,6 @@ class S3Uploader:
 
 
 def _crc_header(view: memoryview) -> dict[str, str]:
-    from lifeline.sidecar._verify import crc32c
-
     return {"x-amz-checksum-crc32c": base64.b64encode(crc32c(view).to_bytes(4, "big")).decode()}
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lifeline.checkpoint import ShardMetadata
+from lifeline.checkpoint._crc import crc32c as _portable_crc32c
 from lifeline.errors import ChecksumError
 
 
@@ -28,9 +30,7 @@ def _fast_crc32c():
             return aws
     except ImportError:
         pass
-    from lifeline.checkpoint._crc import crc32c
-
-    return crc32c
+    return _portable_crc32c
 
 
 crc32c = _fast_crc32c()
@@ -51,8 +51,6 @@ class BlobVerifier:
     """
 
     def __init__(self, meta_json: str, buf: memoryview, *, rank: int, step: int, tier: str) -> None:
-        from lifeline.checkpoint import ShardMetadata
-
         self.meta = ShardMetadata.from_json(meta_json)
         self.buf = buf
         self.ctx = dict(rank=rank, step=step, tier=tier)

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifeline.api.pod import PodSettings
+from lifeline.checkpoint import Layout, PatternRules, ShardMetadata, plan_shard
 from lifeline.errors import ArenaFullError, ConfigError, LayoutError, PeerError, RecoveryError, SidecarError
+from lifeline.sidecar._copy import write_parallel
 from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
-from lifeline.sidecar.arena import ArenaView
 from lifeline.sidecar._logkey import LogKey
+from lifeline.sidecar.arena import ArenaView
 
 __all__ = ["SidecarClient", "SaveReceipt", "RestoreResult"]
 
@@ -130,8 +132,6 @@ class SidecarClient:
 
     # ------------------------------------------------------------------ planning
     def _plan_for(self, state: Mapping[str, Any], plan: Any) -> Any:
-        from lifeline.checkpoint import Layout, PatternRules, plan_shard
-
         if plan is None:
             if self._plan is not None and self._plan.matches(state):
                 plan = self._plan
@@ -195,8 +195,6 @@ class SidecarClient:
 
     def _write(self, plan: Any, state: Mapping[str, Any], view: memoryview) -> None:
         """The one memcpy: ``write_shard`` split over up to ``min(torch intra-op threads, 4)`` threads."""
-        from lifeline.sidecar._copy import write_parallel
-
         if not self._copy_threads:
             import torch
 
@@ -234,8 +232,6 @@ class SidecarClient:
         slot, nbytes = int(reply["slot"]), int(reply["nbytes"])
         try:
             if into is not None:
-                from lifeline.checkpoint import ShardMetadata
-
                 plan = self._plan_for(into, plan)
                 stored = ShardMetadata.from_json(reply["meta"])
                 _read_shard(plan, stored, self.arena.view(slot, nbytes), into)

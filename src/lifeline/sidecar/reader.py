@@ -16,10 +16,10 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from lifeline.errors import CatalogError, ManifestError, PeerError, StorageError
 from lifeline.catalog import Catalog
+from lifeline.checkpoint import Manifest, ShardMetadata, Storage, blob_key
+from lifeline.errors import CatalogError, ManifestError, PeerError, StorageError
 from lifeline.sidecar.peer import PeerClient
 
 __all__ = ["SidecarBlobReader", "manifest_from_catalog"]
@@ -27,20 +27,18 @@ __all__ = ["SidecarBlobReader", "manifest_from_catalog"]
 log = logging.getLogger("lifeline.sidecar.reader")
 
 
-def manifest_from_catalog(catalog: Catalog, step: int):
+def manifest_from_catalog(catalog: Catalog, step: int) -> Manifest:
     """The ``Manifest`` of ``step`` built from every rank's shard metadata in the catalog (no L2 needed).
 
     Raises:
         ManifestError: a rank's metadata is missing (the step was never complete).
     """
-    from lifeline.checkpoint import Manifest, ShardMetadata
-
     metas = catalog.metas(step)
     missing = [r for r, m in enumerate(metas) if m is None]
     if missing:
         raise ManifestError(f"the catalog has no shard metadata of ranks {missing} at step {step}",
                             job=catalog.job, step=step)
-    shards = [ShardMetadata.from_json(m) for m in metas]
+    shards = [ShardMetadata.from_json(m) for m in metas if m is not None]
     return Manifest.from_shards(catalog.job, step, shards[0].layout, shards)
 
 
@@ -57,7 +55,7 @@ class SidecarBlobReader:
     ``read`` raises :class:`StorageError` when no holder can serve the range.
     """
 
-    def __init__(self, catalog: Catalog, *, secret: bytes, job: str, storage: Any = None, prefix: str = "",
+    def __init__(self, catalog: Catalog, *, secret: bytes, job: str, storage: Storage | None = None, prefix: str = "",
                  source: str | None = None) -> None:
         self.catalog, self.secret, self.job = catalog, secret, job
         self.storage, self.prefix, self.source = storage, prefix, source
@@ -85,8 +83,6 @@ class SidecarBlobReader:
             except (PeerError, CatalogError, OSError) as err:
                 errors.append(f"sidecar of rank {k}: {err}")
         if self.storage is not None:
-            from lifeline.checkpoint import blob_key
-
             return self.storage.get(blob_key(self.prefix, self.job, step, rank), offset, length)
         raise StorageError(f"no holder serves bytes [{offset}, {offset + length}) of rank {rank}'s blob: "
                            f"{'; '.join(errors) or 'no holders'}", job=self.job, step=step, rank=rank)

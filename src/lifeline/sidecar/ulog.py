@@ -10,10 +10,9 @@ bound (typically the iteration of the latest complete checkpoint).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from lifeline.control import place_replicas
 from lifeline.errors import ChecksumError, LifelineError, PeerError
