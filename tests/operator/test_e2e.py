@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lifeline.catalog import Catalog, ProgressReport
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "lifeline"
 EXAMPLE = ROOT / "examples" / "gpt-moe.yaml"
@@ -151,18 +153,17 @@ def test_operator_rights_stop_at_the_chart(devcluster, operator_release):
 def _catalog_as_trainers_report(redis_url: str, job: str, *, generation: int, step: int, placement: dict) -> None:
     """Write what the runtime and the sidecars publish (progress per rank; L0 and one L1 holding
     per shard on another node) for a job whose trainer does not checkpoint (a sleeping process)."""
-    import redis
-
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
     ranks = sorted(placement)
-    for rank in ranks:
-        peer = next(p for p in ranks[rank + 1:] + ranks[:rank] if placement[p] != placement[rank])
-        r.sadd(f"lifeline:{job}:holders:{step}:{rank}", f"L0@{rank}", f"L1@{peer}")
-        r.hset(f"lifeline:{job}:progress", str(rank), json.dumps(
-            {"event": "step", "rank": rank, "generation": generation, "step": step, "time": time.time()}))
-    r.zadd(f"lifeline:{job}:steps", {str(step): step})
-    r.set(f"lifeline:{job}:complete", step)
-    r.close()
+    catalog = Catalog(redis_url, job, len(ranks))
+    try:
+        for rank in ranks:
+            peer = next(p for p in ranks[rank + 1:] + ranks[:rank] if placement[p] != placement[rank])
+            catalog.add_holding(step, rank, "L0", rank)
+            catalog.add_holding(step, rank, "L1", peer)
+            catalog.report(ProgressReport("step", job, rank, generation, time.time(), step))
+        assert catalog.try_advance(step, "L1") == step
+    finally:
+        catalog.close()
 
 
 def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
@@ -213,10 +214,8 @@ def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
             terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [victim]} in \
                 terms["nodeSelectorTerms"][0]["matchExpressions"]
-        import redis
-
-        plan = json.loads(redis.Redis.from_url(devcluster.redis_url).get("lifeline:sleepy:plan:1"))
-        assert (plan["generation"], plan["restore_step"], plan["action"]) == (1, 5, "ReplacePods")
+        plan = Catalog(devcluster.redis_url, "sleepy", 4).plan(1)
+        assert (plan.generation, plan.restore_step, plan.action.value) == (1, 5, "ReplacePods")
         survivors = {r: n for r, n in placement.items() if n != victim}
         _catalog_as_trainers_report(devcluster.redis_url, "sleepy", generation=1, step=6,
                                     placement={**survivors, **{r: "elsewhere" for r in rec["ranks"]}})

@@ -178,10 +178,10 @@ class Supervisor:
         return None if self.fleet is None else self.fleet.spare(node, role)
 
     def _refill_spares(self) -> None:
-        """Keep the pool full (one spare started at a time). Not while a failure is pending or a
-        recovery has not caught up (warming would take CPU from it), nor before the first step."""
-        if self.fleet is None or self.options.spares_per_node <= 0 or self.snapshot.phase != "Running" \
-                or self._failing_since is not None:
+        """Keep the pool full (one spare started at a time). Not before the first step, nor while a
+        failure is pending or a recovery has not caught up (warming would take CPU from them)."""
+        if self.fleet is None or self.options.spares_per_node <= 0 or self.first_step_at is None \
+                or self.snapshot.phase != "Running" or self._failing_since is not None:
             return
         recs = self.snapshot.recoveries
         if recs and recs[-1].caught_up_at is None:
@@ -203,6 +203,8 @@ class Supervisor:
                 self._wait_round(self.options.poll_seconds)
                 continue
             self.tally.observe(view, self.snapshot, self.layout)
+            if self.first_step_at is None and self.snapshot.step > 0:
+                self.first_step_at = time.time()
             self._inject()
             d = self._decide(view, now)
             if d.phase == "Succeeded":
@@ -241,8 +243,6 @@ class Supervisor:
         if d.plan is None and d.phase != self.record.phase:
             self.record = Record(**{**self.record.__dict__, "phase": d.phase, "reason": d.reason,
                                     "message": d.message})
-            if d.phase == "Running" and self.snapshot.phase == "Pending":
-                self.first_step_at = time.time()
             self.snapshot.phase = d.phase
         return d
 
