@@ -9,8 +9,7 @@ Names are imported lazily (PEP 562) so that ``lifeline.checkpoint.cli`` — and 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lifeline._lazy import exports
 
 _EXPORTS: dict[str, str] = {}
 for _module, _names in {
@@ -40,14 +39,4 @@ for _module, _names in {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lifeline.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lifeline.checkpoint.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = exports(__name__, _EXPORTS)
