@@ -46,8 +46,8 @@ def run_cli(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, ti
     """Run ``python -m lifeline ARGS`` in ``cwd``; kill (and report) any process it left running."""
     tag = uuid.uuid4().hex
     full = {k: v for k, v in os.environ.items() if k not in drop_env}
-    full.update(env or {})
-    full.update({"PYTHONPATH": str(SRC), MARKER: tag, "COLUMNS": "200"})
+    full.update({"COLUMNS": "200", **(env or {})})
+    full.update({"PYTHONPATH": str(SRC), MARKER: tag})
     proc = subprocess.run([sys.executable, "-m", "lifeline", *args], cwd=cwd, env=full, capture_output=True,
                           text=True, timeout=timeout)
     left = _tagged(tag)

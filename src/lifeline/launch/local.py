@@ -61,10 +61,13 @@ def _alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a pid reused by another program is not our launcher
-        return b"lifeline" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    try:  # an exited process not yet reaped (a zombie) is gone; a pid reused by another program is not ours
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
         return True
+    return not cmdline or b"lifeline" in cmdline  # empty: just started, not yet known
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -162,20 +165,12 @@ def stop_run(run: LocalRun, *, grace: float = 30.0) -> dict[str, Any]:
     except ProcessLookupError:
         pass
     while _alive(pid) and time.monotonic() - t0 < grace:
-        _reap(pid)
         time.sleep(0.05)
     left = {name: p for name, p in run.pids().items() if name != "launcher" and _alive(p)}
     if _alive(pid):
         left["launcher"] = pid
     return {"stopped": "launcher" not in left, "launcher": pid, "seconds": round(time.monotonic() - t0, 3),
             "left": left}
-
-
-def _reap(pid: int) -> None:
-    try:  # our own child (tests): collect it so it does not linger as a zombie
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def log_files(run: LocalRun, *, rank: int | None = None, role: str | None = None) -> list[Path]:
