@@ -68,7 +68,7 @@ def test_ls_and_verify_an_s3_uri(minio_server, monkeypatch):
     monkeypatch.setenv("LIFELINE_S3_ENDPOINT", minio_server.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", minio_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", minio_server.secret_key)
-    res = runner.invoke(app, ["ckpt", "ls", "s3://cli-test/runs/a"], terminal_width=200)
+    res = runner.invoke(app, ["ckpt", "ls", "s3://cli-test/runs/a", "--s3-insecure"], terminal_width=200)
     assert res.exit_code == 0 and "gpt" in res.output, res.output
-    res = runner.invoke(app, ["ckpt", "verify", "s3://cli-test/runs/a", "--job", "gpt"])
+    res = runner.invoke(app, ["ckpt", "verify", "s3://cli-test/runs/a", "--job", "gpt", "--s3-insecure"])
     assert res.exit_code == 0 and "ok gpt step 3" in res.output, res.output

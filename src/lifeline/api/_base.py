@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
-__all__ = ["WireModel"]
+__all__ = ["WireModel", "FIELD_ERROR", "field_error"]
+
+FIELD_ERROR = "lifeline_field"
+"""The pydantic error type of :func:`field_error` (its context holds ``field``, the wire path)."""
+
+
+def field_error(field: str, message: str) -> PydanticCustomError:
+    """A validation error naming the wire path ``field`` (e.g. ``spec.replicas``), to raise in a validator.
+
+    Unlike an exception of another type, pydantic collects it with every other problem of the object;
+    :func:`lifeline.api.load_trainingjob` reports ``field`` as the path and ``message`` as the text.
+    """
+    return PydanticCustomError(FIELD_ERROR, "{message}", {"field": field, "message": message})
 
 
 class WireModel(BaseModel):

@@ -3,9 +3,12 @@
 These pydantic models are the one source of the CRD schema (see :mod:`lifeline.api.crd`).
 Python names are snake_case, wire names camelCase; unknown fields are rejected. Cross-field
 rules (replicas = product of the layout degrees, persist.every a multiple of every, a
-container named ``trainer``, elastic minReplicas <= replicas) raise
-:class:`~lifeline.errors.ConfigError` naming the field and the fix; the CRD carries the same
-rules as CEL so the API server enforces them too.
+container named ``trainer``, elastic minReplicas <= replicas) raise :func:`field_error` naming the
+field and the fix, so pydantic reports them with every other problem and
+:func:`lifeline.api.load_trainingjob` turns them all into one
+:class:`~lifeline.errors.ConfigError`; the CRD carries the same rules as CEL so the API server
+enforces them too. ``metadata.name`` must be a Kubernetes object name (:data:`NAME_RE`; the API
+server checks it for custom resources, the models check it locally).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from lifeline.api._base import WireModel
+from lifeline.api._base import WireModel, field_error
+from lifeline.api._names import (NAME_MAX, NAME_RE, PERSIST_URI_PATTERN, SEED_MAX, check_name,
+                                  check_persist_uri)
 from lifeline.api._quantity import parse_bytes
-from lifeline.errors import ConfigError
 
 __all__ = [
     "GROUP",
@@ -42,6 +46,12 @@ __all__ = [
     "RecoveryRecord",
     "TrainingJobStatus",
     "TrainingJob",
+    "NAME_RE",
+    "NAME_MAX",
+    "SEED_MAX",
+    "PERSIST_URI_PATTERN",
+    "check_name",
+    "check_persist_uri",
 ]
 
 GROUP = "lifeline.dev"
@@ -142,9 +152,17 @@ class PersistSpec(WireModel):
         50, ge=1, description="Steps between persisted (L2) checkpoints; a multiple of checkpoint.every."
     )
     uri: str = Field(
-        pattern=r"^(s3|file)://\S+$",
+        json_schema_extra={"pattern": PERSIST_URI_PATTERN},
         description="Where checkpoints are persisted: s3://bucket/prefix or file:///path.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, uri: str) -> str:
+        problem = check_persist_uri(uri)
+        if problem:
+            raise field_error("spec.checkpoint.persist.uri", problem)
+        return uri
 
 
 class SparseSpec(WireModel):
@@ -180,11 +198,11 @@ class CheckpointSpec(WireModel):
         if self.persist is not None and self.persist.every % self.every != 0:
             lower = self.persist.every - self.persist.every % self.every
             hint = f"{lower} or {lower + self.every}" if lower else f"{self.every}"
-            raise ConfigError(
+            raise field_error(
+                "spec.checkpoint.persist.every",
                 f"spec.checkpoint.persist.every ({self.persist.every}) must be a multiple of "
                 f"spec.checkpoint.every ({self.every}): only in-memory checkpoints are persisted; "
                 f"use e.g. {hint}",
-                field="spec.checkpoint.persist.every",
             )
         return self
 
@@ -227,11 +245,11 @@ class RecoverySpec(WireModel):
     @model_validator(mode="after")
     def _grace_covers_heartbeat(self) -> RecoverySpec:
         if self.collective_grace_seconds < 3 * self.heartbeat_seconds:
-            raise ConfigError(
+            raise field_error(
+                "spec.recovery.collectiveGraceSeconds",
                 f"spec.recovery.collectiveGraceSeconds ({self.collective_grace_seconds:g}) must be at least three "
                 f"heartbeat periods ({3 * self.heartbeat_seconds:g} s): a collective error must wait until a dead "
                 f"peer's sidecar can be seen missing; raise it or lower spec.recovery.heartbeatSeconds",
-                field="spec.recovery.collectiveGraceSeconds",
             )
         return self
 
@@ -252,7 +270,7 @@ class TrainingJobSpec(WireModel):
         description="A PodTemplateSpec for every rank; the training container must be named 'trainer'.",
     )
     steps: int = Field(ge=1, description="Optimizer steps to train; the job Succeeds after the last one.")
-    seed: int = Field(0, ge=0, description="Seed of every random number generator (deterministic runs).")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of every random number generator (deterministic runs); at most 2^32-1.")
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec,  # type: ignore[arg-type]
         json_schema_extra={"default": {}},
@@ -272,10 +290,10 @@ class TrainingJobSpec(WireModel):
         containers = pod_spec.get("containers") if isinstance(pod_spec, dict) else None
         names = [c.get("name") for c in containers or [] if isinstance(c, dict)]
         if TRAINER_CONTAINER not in names:
-            raise ConfigError(
+            raise field_error(
+                "spec.template.spec.containers",
                 f"spec.template.spec.containers has no container named '{TRAINER_CONTAINER}' "
                 f"(found {names or 'none'}); name the training container '{TRAINER_CONTAINER}'",
-                field="spec.template.spec.containers",
             )
         return template
 
@@ -283,18 +301,18 @@ class TrainingJobSpec(WireModel):
     def _cross_field(self) -> TrainingJobSpec:
         lay = self.layout
         if self.replicas != lay.world_size:
-            raise ConfigError(
+            raise field_error(
+                "spec.replicas",
                 f"spec.replicas ({self.replicas}) must equal the product of spec.layout degrees "
                 f"tensor*pipeline*data*expert = {lay.tensor}*{lay.pipeline}*{lay.data}*{lay.expert} = "
                 f"{lay.world_size}; set replicas to {lay.world_size} or change the layout",
-                field="spec.replicas",
             )
         elastic = self.recovery.elastic
         if elastic is not None and elastic.min_replicas > self.replicas:
-            raise ConfigError(
+            raise field_error(
+                "spec.recovery.elastic.minReplicas",
                 f"spec.recovery.elastic.minReplicas ({elastic.min_replicas}) must be <= spec.replicas "
                 f"({self.replicas})",
-                field="spec.recovery.elastic.minReplicas",
             )
         return self
 
@@ -358,6 +376,15 @@ class TrainingJob(WireModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: TrainingJobSpec
     status: TrainingJobStatus | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _name(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        if "name" in metadata:
+            problem = check_name(metadata["name"])
+            if problem:
+                raise field_error("metadata.name", problem)
+        return metadata
 
     @property
     def name(self) -> str | None:

@@ -1,10 +1,31 @@
-"""``lifeline bench <name>``: benchmarks print one JSON object with every peer measured in the same run."""
+"""``lifeline bench <name>``: benchmarks print one JSON object with every peer measured in the same run.
+
+Every benchmark takes ``--repeats`` (where it repeats) and ``--state-dir`` (where it keeps files);
+bad values are one :class:`~lifeline.errors.ConfigError` naming the flag, before anything runs.
+``bench recovery``'s 30-minute ETTR row is opt-in (``--ettr``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
+from lifeline.errors import ConfigError
+
 app = typer.Typer(no_args_is_help=True)
+
+
+def _check(*rules: tuple[bool, str, str], state_dir: str | None = None) -> None:
+    """Raise one :class:`ConfigError` listing every ``(bad, flag, message)`` whose ``bad`` is true."""
+    problems = [(flag, f"{flag} {msg}") for bad, flag, msg in rules if bad]
+    if state_dir is not None and Path(state_dir).exists() and not Path(state_dir).is_dir():
+        problems.append(("--state-dir", f"--state-dir {state_dir} is not a directory"))
+    if problems:
+        raise ConfigError("; ".join(m for _, m in problems), field=problems[0][0])
+
+
+def _state_dir(help_text: str):
+    return typer.Option(None, "--state-dir", help=help_text)
 
 
 @app.command("checkpoint")
@@ -15,22 +36,28 @@ def checkpoint_command(
     minio: bool = typer.Option(True, "--minio/--no-minio", help="Also measure on a MinIO server started here."),
     reshard_from: int = typer.Option(4, "--reshard-from", help="Ranks saving (reshard row)."),
     reshard_to: int = typer.Option(2, "--reshard-to", help="Ranks loading (reshard row)."),
-    workdir: str = typer.Option(None, "--workdir", help="Directory for the files (default: the temp dir)."),
+    state_dir: str = _state_dir("Directory for the files (default: the temp dir)."),
 ) -> None:
     """Our checkpoint format vs torch.distributed.checkpoint vs torch.save: save, load, reshard, raw storage."""
     import json
 
+    _check((size_mib < 1, "--size-mib", f"must be >= 1, got {size_mib}"),
+           (tensors < 1, "--tensors", f"must be >= 1, got {tensors}"),
+           (repeats < 1, "--repeats", f"must be >= 1, got {repeats}"),
+           (reshard_from < 1, "--reshard-from", f"must be >= 1, got {reshard_from}"),
+           (reshard_to < 1, "--reshard-to", f"must be >= 1, got {reshard_to}"), state_dir=state_dir)
+
     from lifeline.bench.checkpoint import run
 
     typer.echo(json.dumps(run(size_mib=size_mib, tensors=tensors, repeats=repeats, minio=minio,
-                              reshard_from=reshard_from, reshard_to=reshard_to, workdir=workdir), indent=1))
+                              reshard_from=reshard_from, reshard_to=reshard_to, workdir=state_dir), indent=1))
 
 
 @app.command("sidecar")
 def sidecar_command(
     sizes: str = typer.Option("256MiB,1GiB", "--sizes", help="Comma-separated state sizes, e.g. 64MiB,1GiB."),
-    reps: int = typer.Option(3, "--reps", help="Repetitions per measurement after warm-up (median reported; "
-                             "the replication run warms up with two saves)."),
+    repeats: int = typer.Option(3, "--repeats", help="Repetitions per measurement after warm-up (median "
+                                "reported; the replication run warms up with two saves)."),
 ) -> None:
     """Sidecar trainer stall, replication and persistence vs memcpy, torch.save, DCP, DLRover, TCP and minio."""
     import json
@@ -40,8 +67,10 @@ def sidecar_command(
     try:
         parsed = [parse_size(s) for s in sizes.split(",") if s.strip()]
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--sizes") from None
-    typer.echo(json.dumps(run_bench(parsed, reps=reps), indent=1))
+        raise ConfigError(f"--sizes {sizes!r}: {err}; write e.g. 64MiB,1GiB", field="--sizes") from None
+    _check((not parsed, "--sizes", "is empty; write e.g. 64MiB,1GiB"),
+           (repeats < 1, "--repeats", f"must be >= 1, got {repeats}"))
+    typer.echo(json.dumps(run_bench(parsed, reps=repeats), indent=1))
 
 
 @app.command("recovery")
@@ -51,17 +80,23 @@ def recovery_command(
     fail_step: int = typer.Option(15, "--fail-step", help="Step of the first injected failure (the second: +4)."),
     duration: float = typer.Option(1800.0, "--duration", help="ETTR run: seconds of training (30 min by default)."),
     mtbf: float = typer.Option(180.0, "--mtbf", help="ETTR run: mean time between failures, seconds."),
-    ettr: bool = typer.Option(True, "--ettr/--no-ettr", help="Also run the ETTR row."),
-    workdir: str = typer.Option(None, "--workdir", help="Directory for state and logs (default: a new temp dir)."),
+    ettr: bool = typer.Option(False, "--ettr", help="Also run the ETTR row (--duration seconds: 30 min by default)."),
+    state_dir: str = _state_dir("Directory for state and logs (default: a new temp dir)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the ETTR run's failure times and ranks."),
 ) -> None:
     """Recovery time and steps lost: in-place restart (L0), replacement (L1), restart-all from DCP in MinIO; ETTR."""
     import json
 
+    _check((steps < 4, "--steps", f"must be >= 4, got {steps}"),
+           (persist_every < 1, "--persist-every", f"must be >= 1, got {persist_every}"),
+           (not 1 <= fail_step < steps - 4, "--fail-step", f"must be in [1, --steps - 4) = [1, {steps - 4}) (a second "
+            f"failure follows at +4), got {fail_step}"),
+           (not duration > 0, "--duration", f"must be > 0 seconds, got {duration:g}"),
+           (not mtbf > 0, "--mtbf", f"must be > 0 seconds, got {mtbf:g}"), state_dir=state_dir)
     from lifeline.bench.recovery import run
 
     typer.echo(json.dumps(run(steps=steps, persist_every=persist_every, fail_step=fail_step, duration=duration,
-                              mtbf=mtbf, ettr=ettr, workdir=workdir, seed=seed), indent=1))
+                              mtbf=mtbf, ettr=ettr, workdir=state_dir, seed=seed), indent=1))
 
 
 @app.command("operator")
@@ -69,11 +104,14 @@ def operator_command(
     steps: int = typer.Option(60, "--steps", help="spec.steps of the TrainingJob."),
     kill_after_step: int = typer.Option(10, "--kill-after-step", help="Kill rank 1's node once this step is complete."),
     poll: float = typer.Option(0.1, "--poll", help="Seconds between API reads (timestamp resolution)."),
-    workdir: str = typer.Option(None, "--workdir", help="Dev cluster state directory (default: a new temp dir)."),
+    state_dir: str = _state_dir("Dev cluster state directory (default: a new temp dir)."),
 ) -> None:
     """The operator on a real dev cluster: a node killed mid-run; detection, replacement, resume, reconcile latency."""
     import json
 
+    _check((steps < 2, "--steps", f"must be >= 2, got {steps}"),
+           (not 1 <= kill_after_step < steps, "--kill-after-step", f"must be in [1, --steps), got {kill_after_step}"),
+           (not poll > 0, "--poll", f"must be > 0 seconds, got {poll:g}"), state_dir=state_dir)
     from lifeline.bench.operator import run
 
-    typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=workdir, poll=poll), indent=1))
+    typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=state_dir, poll=poll), indent=1))

@@ -15,7 +15,7 @@ back to back, so that all of them see the same machine load):
 * persistence throughput (the sidecar's L2 upload straight from the arena) vs a plain parallel
   multipart upload of the same bytes with the minio client (same part size and parallelism).
 
-Figures are medians over ``--reps`` repetitions, after warm-up (one save; two for the
+Figures are medians over ``--repeats`` repetitions, after warm-up (one save; two for the
 stall/replication run, so that the receiving sidecar is in its steady state of two replica buffers
 in rotation, as the raw TCP receiver reuses its one buffer); the warm-up samples are kept under
 ``raw``. Stalls in seconds, throughputs in bytes per second. ``load`` records the machine's load

@@ -215,13 +215,15 @@ def load(storage: Storage, prefix: str, job: str, step: int, layout: Layout, ran
 
 def consolidate(storage: Storage | None = None, prefix: str = "", job: str = "", step: int = 0, *,
                 manifest: Manifest | None = None, reader: BlobReader | None = None, names: Sequence[str] | None = None,
-                threads: int = 4) -> dict[str, torch.Tensor]:
+                threads: int = 4, fallbacks: list[str] | None = None) -> dict[str, torch.Tensor]:
     """The full logical tensors of a checkpoint (every tensor, or ``names``), verified.
 
     Uses the same planner as a reshard, with a one-rank target that holds every tensor
     whole. Give ``storage``/``prefix``/``job``/``step``, or ``manifest`` and a ``reader``.
     Raises :class:`ManifestError` for a missing step or tensor, and :class:`ChecksumError` or
-    :class:`StorageError` when no copy of a chunk can be read intact.
+    :class:`StorageError` when no copy of a chunk can be read intact. ``fallbacks``, if given, is
+    extended with one line per chunk read from another copy because its first copy was corrupt or
+    unreadable (naming that copy).
     """
     if manifest is None:
         manifest = read_manifest(storage, prefix, job, step)
@@ -234,7 +236,9 @@ def consolidate(storage: Storage | None = None, prefix: str = "", job: str = "",
         if rec is None:
             raise ManifestError(f"checkpoint has no tensor {fqn!r}", key=fqn, step=manifest.step)
         into[fqn] = torch.empty(rec.shape, dtype=dtype_from_name(rec.dtype))
-    load_shard(manifest, reader, Layout(), 0, PatternRules(default=Replicated()), into, threads=threads)
+    report = load_shard(manifest, reader, Layout(), 0, PatternRules(default=Replicated()), into, threads=threads)
+    if fallbacks is not None:
+        fallbacks.extend(report.fallbacks)
     return into
 
 

@@ -6,6 +6,7 @@ Kinds:
 * ``sidecar`` — SIGKILL the rank's sidecar (its L0 copies and the L1 copies it held are lost).
 * ``node`` — SIGKILL sidecar and trainer together and mark the rank's node lost (a node failure:
   the rank moves to another node and restores from a peer's L1 copy).
+* ``hang`` — SIGSTOP the rank's trainer (no progress: the hang timeout detects it).
 
 Each fires once, when the catalog shows the rank reported ``step`` (or later).
 """

@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import typer
 
-__all__ = ["operator_command"]
+from lifeline.errors import ConfigError
+
+__all__ = ["operator_command", "check_credentials"]
+
+
+def check_credentials() -> None:
+    """Fail fast when the operator has no way to reach a cluster: not in a pod (no
+    ``KUBERNETES_SERVICE_HOST``) and no kubeconfig file (``KUBECONFIG``'s files, else ~/.kube/config).
+
+    Raises:
+        ConfigError: naming ``KUBECONFIG`` and the files looked for.
+    """
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    env = os.environ.get("KUBECONFIG", "")
+    files = [Path(p) for p in env.split(os.pathsep) if p] or [Path.home() / ".kube" / "config"]
+    if not any(f.is_file() for f in files):
+        raise ConfigError(f"no kubeconfig: KUBECONFIG={env or '(unset)'}, looked for {', '.join(map(str, files))}; "
+                          "set KUBECONFIG to a cluster's kubeconfig or run the operator in a pod", field="KUBECONFIG")
 
 
 def operator_command(
@@ -24,6 +44,7 @@ def operator_command(
     Settings come from ``LIFELINE_OPERATOR_*`` variables (see ``lifeline.operator.settings``);
     the options above override them. Runs until SIGINT/SIGTERM.
     """
+    check_credentials()
     import kopf
 
     from lifeline.operator import handlers  # noqa: F401 - registers the handlers
