@@ -8,7 +8,6 @@
 - :mod:`lifeline.api.recovery` - the recovery plan document and its values (failures, holdings).
 """
 
-from lifeline.api.crd import build_crd
 from lifeline.api.load import field_path, load_trainingjob
 from lifeline.api.recovery import (
     TIERS,
@@ -78,3 +77,11 @@ __all__ = [
     "field_path",
     "load_trainingjob",
 ]
+
+
+def build_crd() -> dict:
+    """The TrainingJob CRD as a dict; see :func:`lifeline.api.crd.build_crd`. (Imported on call:
+    ``python -m lifeline.api.crd`` must not find its own module imported by the package first.)"""
+    from lifeline.api.crd import build_crd as _build
+
+    return _build()
