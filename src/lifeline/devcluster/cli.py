@@ -37,13 +37,14 @@ def build(component: Optional[list[str]] = typer.Argument(None, help="etcd, kube
 def up(
     state_dir: Path = _STATE,
     nodes: int = typer.Option(3, "--nodes", help="Number of process nodes."),
-    apiserver_port: int = typer.Option(6443, "--apiserver-port"),
-    etcd_port: int = typer.Option(2379, "--etcd-port"),
-    etcd_peer_port: int = typer.Option(2380, "--etcd-peer-port"),
-    controller_manager_port: int = typer.Option(10257, "--controller-manager-port"),
-    scheduler_port: int = typer.Option(10259, "--scheduler-port"),
-    redis_port: int = typer.Option(6379, "--redis-port"),
-    minio_port: int = typer.Option(9000, "--minio-port"),
+    apiserver_port: int = typer.Option(6443, "--apiserver-port", help="kube-apiserver's HTTPS port on 127.0.0.1."),
+    etcd_port: int = typer.Option(2379, "--etcd-port", help="etcd's client port."),
+    etcd_peer_port: int = typer.Option(2380, "--etcd-peer-port", help="etcd's peer port."),
+    controller_manager_port: int = typer.Option(10257, "--controller-manager-port",
+                                                help="kube-controller-manager's secure port."),
+    scheduler_port: int = typer.Option(10259, "--scheduler-port", help="kube-scheduler's secure port."),
+    redis_port: int = typer.Option(6379, "--redis-port", help="The catalog's Redis port."),
+    minio_port: int = typer.Option(9000, "--minio-port", help="MinIO's S3 port (the L2 store)."),
     node_cpu: str = typer.Option("4", "--node-cpu", help="Allocatable CPU per node."),
     node_memory: str = typer.Option("8Gi", "--node-memory", help="Allocatable memory per node."),
 ):
@@ -65,7 +66,7 @@ def down(state_dir: Path = _STATE):
 
 
 @app.command()
-def status(state_dir: Path = _STATE, as_json: bool = typer.Option(False, "--json")):
+def status(state_dir: Path = _STATE, as_json: bool = typer.Option(False, "--json", help="One JSON object.")):
     """Show components (running/frozen/stopped) and nodes (agent state, Ready condition)."""
     s = _cluster(state_dir).status()
     if as_json:
@@ -101,16 +102,19 @@ def start_node(name: str, state_dir: Path = _STATE):
 
 
 @app.command("kill-container")
-def kill_container(pod: str, container: Optional[str] = typer.Option(None, "-c", "--container"),
-                   namespace: str = typer.Option("default", "-n", "--namespace"), state_dir: Path = _STATE):
+def kill_container(pod: str, container: Optional[str] = typer.Option(None, "-c", "--container",
+                                                                   help="The container (may be left out when the pod has only one)."),
+                   namespace: str = typer.Option("default", "-n", "--namespace", help="The pod's namespace."),
+                   state_dir: Path = _STATE):
     """SIGKILL one container's processes; the node restarts it per restartPolicy."""
     _cluster(state_dir).kill_container(pod, container, namespace=namespace)
     print(f"killed container {container or ''} of pod {namespace}/{pod}")
 
 
 @app.command()
-def logs(pod: str, container: Optional[str] = typer.Option(None, "-c", "--container"),
-         namespace: str = typer.Option("default", "-n", "--namespace"),
+def logs(pod: str, container: Optional[str] = typer.Option(None, "-c", "--container",
+                                                         help="The container (may be left out when the pod has only one)."),
+         namespace: str = typer.Option("default", "-n", "--namespace", help="The pod's namespace."),
          previous: bool = typer.Option(False, "-p", "--previous", help="The previous run's log."),
          state_dir: Path = _STATE):
     """Print a container's log (its stdout and stderr)."""
@@ -120,19 +124,19 @@ def logs(pod: str, container: Optional[str] = typer.Option(None, "-c", "--contai
 
 @node_app.command("run")
 def node_run(
-    name: str = typer.Option(..., "--name"),
+    name: str = typer.Option(..., "--name", help="The Node object's name."),
     index: int = typer.Option(..., "--index", help="1..32; selects this node's block of pod IPs."),
     net: int = typer.Option(..., "--net", help="1..254; the cluster's second octet of pod IPs."),
-    kubeconfig: Path = typer.Option(..., "--kubeconfig"),
-    state_dir: Path = typer.Option(..., "--state-dir"),
-    shm_dir: Path = typer.Option(..., "--shm-dir"),
-    server: str = typer.Option(..., "--server"),
-    ca: Path = typer.Option(..., "--ca"),
+    kubeconfig: Path = typer.Option(..., "--kubeconfig", help="The node's kubeconfig (its client certificate)."),
+    state_dir: Path = typer.Option(..., "--state-dir", help="The node's directory (pods, volumes, logs)."),
+    shm_dir: Path = typer.Option(..., "--shm-dir", help="Where Memory-backed emptyDirs are created."),
+    server: str = typer.Option(..., "--server", help="The API server's URL."),
+    ca: Path = typer.Option(..., "--ca", help="The cluster CA certificate."),
     serving_cert: Optional[Path] = typer.Option(None, "--serving-cert", help="TLS cert of the log endpoint."),
-    serving_key: Optional[Path] = typer.Option(None, "--serving-key"),
-    cpu: str = typer.Option("4", "--cpu"),
-    memory: str = typer.Option("8Gi", "--memory"),
-    pods: str = typer.Option("110", "--pods"),
+    serving_key: Optional[Path] = typer.Option(None, "--serving-key", help="TLS key of the log endpoint."),
+    cpu: str = typer.Option("4", "--cpu", help="Allocatable CPU the node reports."),
+    memory: str = typer.Option("8Gi", "--memory", help="Allocatable memory the node reports."),
+    pods: str = typer.Option("110", "--pods", help="Allocatable pods the node reports."),
 ):
     """Run a process-node agent (started by `lifeline devcluster up`)."""
     # imported here: the node agent loads the kubernetes client, which `lifeline --help` must not
