@@ -85,6 +85,16 @@ def test_invalid_jobs_are_rejected_naming_the_field(devcluster, crd, namespace, 
     assert devcluster.kubectl("get", "tj", "-n", namespace, "-o", "name").strip() == ""
 
 
+@pytest.mark.parametrize(("name", "expected"), [("a" * 64, "at most 63 characters"), ("My_Job", "RFC 1123")],
+                         ids=["too-long", "not-rfc1123"])
+def test_job_names_are_kubernetes_names(devcluster, crd, namespace, body, name, expected):
+    bad = copy.deepcopy(body)
+    bad["metadata"]["name"] = name
+    message = _rejected(devcluster, namespace, bad)
+    assert expected in message and "metadata.name" in message, message
+    assert devcluster.kubectl("get", "tj", "-n", namespace, "-o", "name").strip() == ""
+
+
 def test_layout_is_immutable_unless_elastic(devcluster, crd, namespace, body):
     del body["spec"]["recovery"]["elastic"]
     _apply(devcluster, namespace, body)
