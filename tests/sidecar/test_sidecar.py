@@ -133,9 +133,9 @@ def test_peer_disconnect_mid_transfer_and_corrupt_transfer_leave_nothing(make_se
     secret = SECRET.encode()
     # 1. half the bytes, then the peer vanishes
     pc = PeerClient(s.pod_ip, sc.peer_port, secret=secret, job=s.job)
-    _frames.send_ctrl(pc.sock, {"op": "put", "kind": "shard", "step": 7, "rank": 5, "nbytes": len(blob), "meta": meta})
-    assert _frames.recv_ctrl(pc.sock)["op"] == "ready"
-    _frames.send_data(pc.sock, memoryview(blob)[: len(blob) // 2])
+    pc.chan.send_ctrl({"op": "put", "kind": "shard", "step": 7, "rank": 5, "nbytes": len(blob), "meta": meta})
+    assert pc.chan.recv_ctrl()["op"] == "ready"
+    pc.chan.send_data(memoryview(blob)[: len(blob) // 2])
     pc.close()
     wait_for(lambda: _metric(sc, "lifeline_sidecar_errors_total", kind="peer") == 1, what="disconnect counted")
     assert sc.store.get("shard", 7, 5) is None

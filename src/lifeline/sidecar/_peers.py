@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lifeline.api.pod import SidecarSettings
 from lifeline.catalog import Catalog
 from lifeline.control import place_replicas
-from lifeline.errors import PeerError
+from lifeline.errors import AuthError, PeerError
 from lifeline.sidecar.peer import PeerClient
 
 __all__ = ["Peers"]
@@ -17,11 +19,14 @@ class Peers:
     Args:
         settings: the sidecar's settings (job, rank, world size, replicas, chunk size, pod IP).
         catalog: the job's catalog.
-        secret: the job's HMAC key (every connection is authenticated with it).
+        secret: the job's HMAC key (every connection and every frame is authenticated with keys from it).
+        on_refuse: called with every :class:`AuthError` of these connections (a failed handshake
+            or a refused frame), before it is raised; the sidecar counts ``errors_total{kind="auth"}``.
     """
 
-    def __init__(self, settings: SidecarSettings, catalog: Catalog, secret: bytes) -> None:
-        self.s, self.catalog, self.secret = settings, catalog, secret
+    def __init__(self, settings: SidecarSettings, catalog: Catalog, secret: bytes,
+                 on_refuse: Callable[[AuthError], None] | None = None) -> None:
+        self.s, self.catalog, self.secret, self.on_refuse = settings, catalog, secret, on_refuse
         self._placement: dict[int, tuple[int, ...]] = {}
         self._nodes: tuple[str, ...] | None = None
 
@@ -53,4 +58,4 @@ class Peers:
         if reg is None:
             raise PeerError(f"sidecar of rank {rank} is not registered", job=self.s.job, rank=rank)
         return PeerClient(reg.host, reg.port, secret=self.secret, job=self.s.job, chunk_bytes=self.s.chunk_bytes,
-                          timeout=timeout, source=self.s.pod_ip)
+                          timeout=timeout, source=self.s.pod_ip, on_refuse=self.on_refuse)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from lifeline.catalog import SidecarRegistration
 from lifeline.checkpoint import ShardMetadata, Storage, blob_key, commit
-from lifeline.errors import CatalogError, ChecksumError, ManifestError, PeerError, StorageError
+from lifeline.errors import AuthError, CatalogError, ChecksumError, ManifestError, PeerError, StorageError
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
@@ -125,7 +125,8 @@ class Replicator:
                     bad = conns.pop(t, None)
                     if bad is not None:
                         bad.close()
-                    self.metrics.errors.labels("checksum" if isinstance(err, ChecksumError) else "peer").inc()
+                    if not isinstance(err, AuthError):  # auth refusals were counted by the connection's hook
+                        self.metrics.errors.labels("checksum" if isinstance(err, ChecksumError) else "peer").inc()
                     log.warning("replicating %s step %d to rank %d failed (attempt %d): %s", h.kind, h.step, t,
                                 attempt, err)
         if h.kind == "shard" and ok == len(targets):

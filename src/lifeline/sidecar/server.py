@@ -68,7 +68,8 @@ class Sidecar:
         self.catalog = Catalog(settings.redis_url, self.job, settings.world_size)
         self.link = CatalogLink(self.catalog, self.metrics, self.memory.store, rank=self.rank,
                                 required_tier=settings.required_tier)
-        self.peers = Peers(settings, self.catalog, self.secret)
+        self.peers = Peers(settings, self.catalog, self.secret,
+                           on_refuse=lambda err: self.metrics.errors.labels("auth").inc())
         found = self._make_storage() if settings.persist_enabled else None
         self.storage: Storage | None = found[0] if found else None
         self.prefix = found[1] if found else ""
