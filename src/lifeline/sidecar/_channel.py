@@ -117,17 +117,8 @@ class Channel:
             AuthError: the handshake failed (reported through ``on_refuse``; ``sock`` is closed).
             PeerError, OSError: the server disconnected or spoke out of protocol (``sock`` is closed).
         """
-        try:
-            nonce_s, nonce_c = client_handshake(sock, secret=secret, job=job, peer=peer)
-        except AuthError as err:
-            _report(on_refuse, err)
-            sock.close()
-            raise
-        except BaseException:
-            sock.close()
-            raise
-        c2s, s2c = derive_keys(secret, job, nonce_s, nonce_c)
-        return cls(sock, send_key=c2s, recv_key=s2c, peer=peer, job=job, on_refuse=on_refuse)
+        return cls._open(sock, client_handshake, client=True, secret=secret, job=job, peer=peer,
+                         on_refuse=on_refuse)
 
     @classmethod
     def accept(cls, sock: socket.socket, *, secret: bytes, job: str, peer: str = "?",
@@ -139,8 +130,15 @@ class Channel:
                 ``sock`` is closed).
             PeerError, OSError: the client disconnected or spoke out of protocol (``sock`` is closed).
         """
+        return cls._open(sock, server_handshake, client=False, secret=secret, job=job, peer=peer,
+                         on_refuse=on_refuse)
+
+    @classmethod
+    def _open(cls, sock: socket.socket, handshake: Callable[..., tuple[bytes, bytes]], *, client: bool, secret: bytes,
+              job: str, peer: str, on_refuse: Callable[[AuthError], None] | None) -> Channel:
+        """Run ``handshake`` (closing ``sock`` if it fails) and key the channel for this side."""
         try:
-            nonce_s, nonce_c = server_handshake(sock, secret=secret, job=job, peer=peer)
+            nonce_s, nonce_c = handshake(sock, secret=secret, job=job, peer=peer)
         except AuthError as err:
             _report(on_refuse, err)
             sock.close()
@@ -149,7 +147,8 @@ class Channel:
             sock.close()
             raise
         c2s, s2c = derive_keys(secret, job, nonce_s, nonce_c)
-        return cls(sock, send_key=s2c, recv_key=c2s, peer=peer, job=job, on_refuse=on_refuse)
+        send, recv = (c2s, s2c) if client else (s2c, c2s)
+        return cls(sock, send_key=send, recv_key=recv, peer=peer, job=job, on_refuse=on_refuse)
 
     # ------------------------------------------------------------------ sending
     def _send(self, ftype: int, flags: int, crc: int, payload: memoryview) -> None:
