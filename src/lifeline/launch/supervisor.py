@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets as _secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from lifeline.api import RecoveryAction, RecoveryPlan, TrainingJob
@@ -241,8 +242,7 @@ class Supervisor:
         elif not d.failures:
             self._failing_since = None
         if d.plan is None and d.phase != self.record.phase:
-            self.record = Record(**{**self.record.__dict__, "phase": d.phase, "reason": d.reason,
-                                    "message": d.message})
+            self.record = replace(self.record, phase=d.phase, reason=d.reason, message=d.message)
             self.snapshot.phase = d.phase
         return d
 
@@ -383,7 +383,7 @@ class Supervisor:
         progress = Progress.of(view.reports.values(), view.generation)
         if rec.resumed_at is None and view.generation >= self.generation and progress.trained_in(self.generation, world):
             rec.resumed_at = time.time()
-            self.record = Record(**{**self.record.__dict__, "phase": "Running", "reason": "Recovered"})
+            self.record = replace(self.record, phase="Running", reason="Recovered")
             self.snapshot.phase = "Running"
             self._event(f"generation {rec.generation} resumed training after {rec.seconds:.2f} s")
         if rec.caught_up_at is None and progress.caught_up(rec.generation, world, rec.from_step):
