@@ -22,6 +22,7 @@ from lifeline.control import (
     RecoveryPlan,
     StepStalled,
     UpstreamLog,
+    stage_of,
     classify,
     place_replicas,
     plan_recovery,
@@ -124,13 +125,13 @@ def test_losing_both_copies_rolls_back_every_rank_to_l2():
 
 def test_one_failed_stage_replays_alone_when_its_upstream_logs_cover_the_gap():
     holdings = _holdings(memory_steps=(40, 41), l2_steps=(30,))
-    logs = (UpstreamLog(stage=1, first_step=31, last_step=41),)
+    logs = (UpstreamLog(rank=0, first_step=31, last_step=41), UpstreamLog(rank=1, first_step=31, last_step=41))
     plan = plan_recovery(_state(holdings, logs=logs), _lost("n2", "n3"), _spec(localizedReplay=True), now=NOW)
     assert plan.action is RecoveryAction.LOCALIZED_REPLAY
     assert (plan.restore_step, plan.replay_to_step) == (30, 41)
     assert plan.restore_ranks == (2, 3) and [s.rank for s in plan.sources] == [2, 3]
     # the same failure without coverage, or with replay off, rolls everyone back
-    short = (UpstreamLog(stage=1, first_step=35, last_step=41),)
+    short = (UpstreamLog(rank=0, first_step=31, last_step=41), UpstreamLog(rank=1, first_step=35, last_step=41))
     assert plan_recovery(_state(holdings, logs=short), _lost("n2", "n3"), _spec(localizedReplay=True),
                          now=NOW).action is RecoveryAction.ROLLBACK
     assert plan_recovery(_state(holdings, logs=logs), _lost("n2", "n3"), _spec(), now=NOW).action is (
@@ -140,6 +141,35 @@ def test_one_failed_stage_replays_alone_when_its_upstream_logs_cover_the_gap():
     two_stages = _lost("n1", "n3")
     assert plan_recovery(_state(_holdings(lost_l1=(1, 3), l2_steps=(30,)), logs=logs), two_stages,
                          _spec(localizedReplay=True), now=NOW).action is RecoveryAction.ROLLBACK
+
+
+def test_a_crash_in_one_stage_restores_only_that_stage_and_a_failure_during_the_replay_goes_global():
+    from dataclasses import replace
+
+    from lifeline.control import ContainerTerminated
+
+    holdings = _holdings(memory_steps=(36,), l2_steps=(32,))
+    logs = tuple(UpstreamLog(r, 33, 41) for r in (0, 1))
+    crash = classify([ContainerTerminated(3, "n3", "trainer", 137)], node_of_rank=NODE_OF_RANK,
+                     hang_timeout_seconds=300)
+    state = _state(holdings, logs=logs)
+    plan = plan_recovery(state, crash, _spec(localizedReplay=True), now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY
+    assert (plan.restore_step, plan.replay_to_step) == (36, 41)
+    assert plan.restore_ranks == (2, 3) and plan.restart_ranks == (3,)
+    assert [(s.rank, s.tier) for s in plan.sources] == [(2, "L0"), (3, "L0")]
+    # the neighbours' logs must reach back to the step after the copy
+    late = tuple(UpstreamLog(r, 38, 41) for r in (0, 1))
+    assert plan_recovery(replace(state, upstream_logs=late), crash, _spec(localizedReplay=True),
+                         now=NOW).action is RecoveryAction.RESTART_IN_PLACE
+    # a copy of the current step needs no log at all: the stage only restores
+    now_held = _holdings(memory_steps=(41,), l2_steps=(32,))
+    plan = plan_recovery(_state(now_held), crash, _spec(localizedReplay=True), now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY and plan.restore_step == plan.replay_to_step == 41
+    # a failure while a localized replay is under way falls back to a global rung
+    busy = replace(state, interrupted=RecoveryAction.LOCALIZED_REPLAY)
+    plan = plan_recovery(busy, crash, _spec(localizedReplay=True), now=NOW)
+    assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restore_ranks == (0, 1, 2, 3)
 
 
 def test_gives_up_without_any_verified_copy():
@@ -210,7 +240,7 @@ def test_every_plan_reads_only_surviving_copies(lost_nodes, crashed, l2, replay)
     failures = classify(signals, node_of_rank=NODE_OF_RANK, hang_timeout_seconds=300)
     if not failures:
         return
-    state = _state(_holdings(l2_steps=tuple(l2)), logs=(UpstreamLog(1, 0, 41), UpstreamLog(0, 0, 41)))
+    state = _state(_holdings(l2_steps=tuple(l2)), logs=tuple(UpstreamLog(r, 0, 41) for r in range(4)))
     plan = plan_recovery(state, failures, _spec(localizedReplay=replay), now=NOW)
     assert plan.generation == state.generation + 1
     lost_ranks = {r for r, n in enumerate(NODE_OF_RANK) if n in lost_nodes}
@@ -227,5 +257,8 @@ def test_every_plan_reads_only_surviving_copies(lost_nodes, crashed, l2, replay)
         assert pod.rank in lost_ranks and pod.node not in lost_nodes and pod.node is not None
     assert {p.rank for p in plan.create_pods} == lost_ranks
     assert set(plan.avoid_nodes) == set(lost_nodes)
-    if not lost_ranks:
+    if plan.action is RecoveryAction.LOCALIZED_REPLAY:  # one stage only; the others keep their state
+        assert replay and len({stage_of(r, LAYOUT) for r in (*crashed, *lost_ranks)}) == 1
+        assert set(plan.restore_ranks) == {r for r in range(4) if stage_of(r, LAYOUT) == stage_of(plan.restore_ranks[0], LAYOUT)}
+    elif not lost_ranks:
         assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restart_ranks == tuple(sorted(crashed))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from lifeline.api.manifests import PodConfig, rank_pod
 from lifeline.api.recovery import Holding, RecoveryPlan
 from lifeline.api.trainingjob import RecoveryAction, TrainingJobStatus
-from lifeline.catalog import CatalogView, ProgressReport, SidecarRegistration
+from lifeline.catalog import CatalogView, LogCoverage, ProgressReport, SidecarRegistration
 from lifeline.control import SETTLE_SECONDS, ClusterState, NodeState, Record, Settle
 from lifeline.control import decide as engine_decide
 from lifeline.launch._observe import observed_of
@@ -43,6 +43,7 @@ class World:
     collective: dict[int, float] = field(default_factory=dict)  # rank -> when it reported a failure
     node_of: dict[int, str] = field(default_factory=lambda: {r: f"node-{r}" for r in range(4)})
     restarted: set[int] = field(default_factory=set)  # trainers restarted in place since the last plan
+    logs: tuple = ()  # upstream-log coverage (LogCoverage) of the ranks that log
 
     def view(self) -> CatalogView:
         reports = {}
@@ -58,7 +59,7 @@ class World:
         regs = {r: SidecarRegistration(r, n, f"127.0.0.{r + 2}", 7070) for r, n in self.node_of.items()
                 if r not in self.silent and n not in self.lost_nodes}
         return CatalogView(generation=self.generation, reports=reports, registrations=regs,
-                           holdings=frozenset(holdings))
+                           holdings=frozenset(holdings), log_coverage=self.logs)
 
 
 # --- the operator's view ---------------------------------------------------------------------
@@ -182,3 +183,24 @@ def test_operator_and_lifeline_run_make_the_same_plans(job):
     assert [(f.kind.value, f.ranks) for f in op.failures] == [("NODE_LOST", (3,))]
     assert op.plan.action is RecoveryAction.REPLACE_PODS
     assert [p.generation for p in plans] == [1, 2, 3, 4]
+
+
+def test_both_runners_choose_a_localized_replay_when_the_catalog_shows_log_coverage(job):
+    """With ``recovery.localizedReplay`` and the neighbours' logs covering the gap, a trainer crash
+    in one stage restores that stage alone, in both runners; without coverage both restart everyone."""
+    spec = job.spec.model_copy(update={"recovery": job.spec.recovery.model_copy(update={"localized_replay": True})})
+    job = job.model_copy(update={"spec": spec})
+    assert job.spec.layout.pipeline == 2 and job.spec.layout.data == 2  # ranks 0, 1: stage 0; 2, 3: stage 1
+    for logs, action, ranks in (((), RecoveryAction.RESTART_IN_PLACE, (0, 1, 2, 3)),
+                                (tuple(LogCoverage(r, 5, 9) for r in (0, 1)), RecoveryAction.LOCALIZED_REPLAY, (2, 3))):
+        world = World(logs=logs)
+        world.trainer_exit[2] = 1
+        pods = {r: FakePod(f"node-{r}", registered_at=T0 - 0.5) for r in range(4)}
+        last_seen = {(r, f"uid-{r}-node-{r}"): T0 - 0.5 for r in range(4)}
+        op = _operator_round(job, world, Recorded(applied=0), {"phase": "Running", "restarts": 0}, T0 + 1, last_seen)
+        ln = _launcher_round(job, world, pods, Record(phase="Running"), T0 + 1)
+        _same(op.plan, ln.plan)
+        assert op.plan.action is action and op.plan.restore_ranks == ranks
+        assert op.plan.restart_ranks == (2,) and op.plan.restore_step == world.holdings_step
+        if action is RecoveryAction.LOCALIZED_REPLAY:
+            assert op.plan.replay_to_step == world.step

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lifeline.api.pod import PodSettings, SidecarSettings, TrainerSettings
-from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob
+from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob, TrainingJobSpec
 
 __all__ = [
     "LABEL_JOB",
@@ -200,6 +200,15 @@ def _s3_env(job: TrainingJob, config: PodConfig, settings: type) -> list[dict]:
     ]
 
 
+def upstream_log_steps(spec: TrainingJobSpec) -> int:
+    """Steps of upstream log each rank keeps: two windows (the sparse window, else the checkpoint
+    interval), at least 2; 0 when ``spec.recovery.localizedReplay`` is off or there is one stage."""
+    if not spec.recovery.localized_replay or spec.layout.pipeline < 2:
+        return 0
+    window = spec.checkpoint.sparse.window if spec.checkpoint.sparse else spec.checkpoint.every
+    return max(2, 2 * window)
+
+
 def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> list[dict]:
     """The runtime's settings. ``LIFELINE_GENERATION`` is left unset on purpose: the runtime then
     joins the catalog's current generation, which stays right when the kubelet restarts a crashed
@@ -212,6 +221,7 @@ def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> lis
         _env("LIFELINE_LAYOUT", TrainerSettings, json.dumps(layout.to_wire(), sort_keys=True)),
         _env("LIFELINE_STEPS", TrainerSettings, str(spec.steps)),
         _env("LIFELINE_CHECKPOINT_EVERY", TrainerSettings, str(spec.checkpoint.every)),
+        _env("LIFELINE_UPSTREAM_LOG_STEPS", TrainerSettings, str(upstream_log_steps(spec))),
         _env("LIFELINE_MODEL", TrainerSettings, json.dumps(model, sort_keys=True)),
         _env("LIFELINE_BACKPRESSURE", TrainerSettings, spec.checkpoint.backpressure),
         _env("LIFELINE_PERSIST_URI", TrainerSettings, persist.uri if persist else ""),

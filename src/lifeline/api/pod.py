@@ -222,6 +222,8 @@ class TrainerSettings(PodSettings):
     * ``LIFELINE_GENERATION`` — the process-group generation to join. Default: the catalog's.
     * ``LIFELINE_STEPS`` — train until this many optimizer steps are complete. Default 100.
     * ``LIFELINE_CHECKPOINT_EVERY`` — steps between checkpoints. Default 1.
+    * ``LIFELINE_UPSTREAM_LOG_STEPS`` — upstream logging for localized replay: keep the tensors this
+      rank sends across pipeline boundaries for this many steps (two windows). Default 0: off.
     * ``LIFELINE_CHECKPOINT_URI`` — checkpoint to storage directly (``file:///path``, a path or
       ``s3://bucket/prefix``) instead of through the sidecar. Default empty (the sidecar).
     * ``LIFELINE_MODEL`` — JSON overrides of the reference model's config fields. Default ``{}``.
@@ -243,6 +245,7 @@ class TrainerSettings(PodSettings):
     generation: int | None = Field(default=None, ge=0)
     steps: int = Field(default=100, ge=0)
     checkpoint_every: int = Field(default=1, ge=1)
+    upstream_log_steps: int = Field(default=0, ge=0)
     checkpoint_uri: str = ""
     model: dict[str, Any] = Field(default_factory=dict)
     rendezvous_timeout_seconds: float = Field(default=300.0, gt=0)

@@ -29,7 +29,7 @@ class CatalogView:
         registrations: rank -> its live sidecar registration (the heartbeat).
         holdings: verified copies at the steps read.
         complete_step: the latest complete step (``None``: none yet).
-        log_coverage: upstream-log coverage per stage.
+        log_coverage: upstream-log coverage per rank.
     """
 
     generation: int = 0
@@ -255,11 +255,11 @@ class Catalog:
 
     # --- upstream-log coverage -----------------------------------------------------------------
     def record_log_coverage(self, coverage: LogCoverage) -> None:
-        """Record which steps the upstream logs of a stage's neighbours cover."""
-        self._call(self._r.hset, self.keys.logs, str(coverage.stage), coverage.to_json())
+        """Record which steps the upstream log of ``coverage.rank`` covers."""
+        self._call(self._r.hset, self.keys.logs, str(coverage.rank), coverage.to_json())
 
     def log_coverage(self) -> tuple[LogCoverage, ...]:
-        """The recorded coverage of every stage, by stage."""
+        """The recorded coverage of every rank that logs, by rank."""
         raw = self._call(self._r.hgetall, self.keys.logs)
         return tuple(self._call(LogCoverage.from_json, int(s), v) for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])))
 

@@ -161,10 +161,12 @@ class CorruptionReport:
 
 @dataclass(frozen=True)
 class LogCoverage:
-    """Upstream-log coverage of one pipeline stage (``logs`` hash): the logs of its neighbours
-    cover steps ``first_step``..``last_step`` inclusive (localized replay needs them)."""
+    """Upstream-log coverage of one rank (``logs`` hash, field = rank): the tensors ``rank`` sent
+    across pipeline boundaries (and the gradient norms) while computing steps
+    ``first_step``..``last_step`` inclusive are held by its sidecar and replicated to a peer
+    (localized replay of a neighbouring stage reads them)."""
 
-    stage: int
+    rank: int
     first_step: int
     last_step: int
 
@@ -172,10 +174,10 @@ class LogCoverage:
         return json.dumps({"first": self.first_step, "last": self.last_step}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, stage: int, text: str | bytes) -> LogCoverage:
+    def from_json(cls, rank: int, text: str | bytes) -> LogCoverage:
         """Raises: CatalogError: not a coverage document."""
         d = _object(text, "upstream-log coverage")
         try:
-            return cls(stage, int(d["first"]), int(d["last"]))
+            return cls(rank, int(d["first"]), int(d["last"]))
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed upstream-log coverage: {err!r}") from None

@@ -56,7 +56,7 @@ class _Registration(Protocol):
 
 class _Coverage(Protocol):
     @property
-    def stage(self) -> int: ...
+    def rank(self) -> int: ...
 
     @property
     def first_step(self) -> int: ...
@@ -97,7 +97,7 @@ class CatalogFacts:
         registered: rank -> node of each live sidecar registration (the heartbeat).
         holdings: verified copies of the recent steps.
         complete_step: the latest complete step (``None``: none yet).
-        upstream_logs: upstream-log coverage per stage.
+        upstream_logs: upstream-log coverage per rank.
     """
 
     generation: int = 0
@@ -116,7 +116,7 @@ class CatalogFacts:
             registered={rank: reg.node for rank, reg in view.registrations.items()},
             holdings=view.holdings,
             complete_step=view.complete_step,
-            upstream_logs=tuple(UpstreamLog(c.stage, c.first_step, c.last_step) for c in view.log_coverage),
+            upstream_logs=tuple(UpstreamLog(c.rank, c.first_step, c.last_step) for c in view.log_coverage),
         )
 
 
@@ -313,6 +313,7 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
             holdings=facts.holdings,
             latest_complete_step=facts.complete_step,
             upstream_logs=facts.upstream_logs,
+            interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
         )
         plan = plan_recovery(state, failures, spec, now=now)
         if plan.action is RecoveryAction.GIVE_UP:

@@ -12,9 +12,12 @@ classified failures and the spec, and returns a frozen :class:`RecoveryPlan` tha
    sidecar memory (its own L0, else a peer's L1); only the dead trainers are restarted.
 4. ``ReplacePods`` when pods were lost but every rank still has a memory copy (L0 of
    survivors, L1 of the lost ranks on healthy peers) of a common step.
-5. ``LocalizedReplay`` (after MoEvement) when memory tiers cannot cover the lost ranks, the
-   failed ranks all sit in one pipeline stage, and the upstream logs of that stage cover
-   every step from its latest copy to the current step: only that stage restores and replays.
+5. ``LocalizedReplay`` (after MoEvement) — tried before rules 3 and 4 when
+   ``spec.recovery.localizedReplay`` is on — when the failed ranks all sit in one pipeline stage,
+   the stage's ranks hold a copy of a common step (any tier), and the upstream logs of their
+   neighbours cover every step from it to the current step: only that stage restores and
+   replays; the other stages keep their state and recompute nothing. Not while a localized
+   replay is under way: a failure during one falls back to the global rungs.
 6. ``Rollback`` of every rank to the latest step covered by any tier (usually L2).
 7. ``GiveUp`` when no step has a verified copy of every shard.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from lifeline.api.recovery import TIERS, Failure, FailureKind, Holding, PodPlacement, RecoveryPlan, RestoreSource, Tier
-from lifeline.api.trainingjob import RecoveryAction, TrainingJobSpec
+from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
 from lifeline.control.state import JobState, stage_of
 from lifeline.errors import RecoveryError
 
@@ -117,6 +120,14 @@ def plan_recovery(
         )
 
     usable = _usable(state, lost)
+    replay = _localized_replay(state, spec, lost | restart, usable, hang)
+    if replay is not None:
+        step, src, ranks, stage = replay
+        steps = f"replay steps {step + 1}..{state.step} from the upstream logs of stages {stage - 1} and " \
+                f"{stage + 1}" if step < state.step else "replay nothing (the copy is of the current step)"
+        return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
+                    f"only stage {stage} failed: ranks {list(ranks)} restore step {step} ({_farthest(src)}) and "
+                    f"{steps}; the other stages keep their state", replay_to=state.step)
     mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
     any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
     if mem_step is not None and (any_step is None or mem_step >= any_step):
@@ -127,12 +138,6 @@ def plan_recovery(
         return plan(RecoveryAction.REPLACE_PODS, mem_step, mem_src, everyone,
                     f"replacing pods of ranks {sorted(lost)}; survivors reload step {mem_step} from L0, "
                     "the lost ranks from peer copies (L1)")
-    replay = _localized_replay(state, spec, lost | restart, usable, hang)
-    if replay is not None:
-        step, src, ranks, stage = replay
-        return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
-                    f"only stage {stage} failed and its upstream logs cover steps {step + 1}..{state.step}: "
-                    f"ranks {list(ranks)} restore step {step} and replay", replay_to=state.step)
     if any_step is not None:
         return plan(RecoveryAction.ROLLBACK, any_step, any_src, everyone,
                     f"memory tiers do not cover every rank; all ranks roll back to step {any_step}, the latest "
@@ -211,9 +216,15 @@ def _place(
 def _localized_replay(
     state: JobState, spec: TrainingJobSpec, failed: set[int], usable: dict, hang: bool
 ) -> tuple[int, dict[int, RestoreSource], tuple[int, ...], int] | None:
-    """``(step, sources, replay ranks, stage)`` when one stage can restore and replay alone."""
+    """``(step, sources, replay ranks, stage)`` when one stage can restore and replay alone: the
+    failed ranks all sit in one stage, its ranks (the stage's replica group) hold a copy of a common
+    step, and every neighbour of every one of them logged the steps from there to the current one.
+    Never while a localized replay is under way (a failure during one falls back to the ladder's
+    global rungs)."""
     layout = state.layout
     if not spec.recovery.localized_replay or layout.pipeline < 2 or hang or not failed:
+        return None
+    if state.interrupted is RecoveryAction.LOCALIZED_REPLAY:
         return None
     stages = {stage_of(r, layout) for r in failed}
     if len(stages) != 1:
@@ -221,11 +232,23 @@ def _localized_replay(
     stage = stages.pop()
     ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
     step, sources = _latest_covered(ranks, usable, TIERS, state.step)
-    if step is None or step >= state.step:
+    if step is None:
         return None
-    if not any(log.stage == stage and log.covers(step + 1, state.step) for log in state.upstream_logs):
-        return None
+    logs = {log.rank: log for log in state.upstream_logs}
+    for rank in ranks:
+        for neighbour in _neighbours(rank, layout):
+            log = logs.get(neighbour)
+            if step < state.step and (log is None or not log.covers(step + 1, state.step)):
+                return None
     return step, sources, ranks, stage
+
+
+def _neighbours(rank: int, layout: LayoutSpec) -> tuple[int, ...]:
+    """The ranks that exchange pipeline tensors with ``rank``: same position in the stages before and
+    after (the pipeline degree is the slowest-varying in the rank order, see :func:`stage_of`)."""
+    per_stage = layout.tensor * layout.expert * layout.data
+    stage = stage_of(rank, layout)
+    return tuple(rank + (s - stage) * per_stage for s in (stage - 1, stage + 1) if 0 <= s < layout.pipeline)
 
 
 def _reshard(

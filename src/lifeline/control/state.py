@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lifeline.api.recovery import TIERS, Holding, Tier
-from lifeline.api.trainingjob import LayoutSpec
+from lifeline.api.trainingjob import LayoutSpec, RecoveryAction
 from lifeline.errors import ConfigError
 
 __all__ = ["Tier", "TIERS", "NodeState", "ClusterState", "Holding", "UpstreamLog", "JobState", "stage_of"]
@@ -56,16 +56,17 @@ class ClusterState:
 
 @dataclass(frozen=True)
 class UpstreamLog:
-    """Logged pipeline-boundary tensors (activations from the stage before, gradients from the
-    stage after) that let ``stage`` replay steps ``first_step``..``last_step`` (inclusive) alone."""
+    """What ``rank`` logged of the tensors it sent across pipeline boundaries (activations to the
+    stage after, gradients to the stage before, and the steps' gradient norms) while computing
+    steps ``first_step``..``last_step`` (inclusive): a neighbouring stage replays from them."""
 
-    stage: int
+    rank: int
     first_step: int
     last_step: int
 
     def covers(self, first: int, last: int) -> bool:
-        """True when steps ``first``..``last`` (inclusive) are all logged."""
-        return self.first_step <= first and last <= self.last_step
+        """True when steps ``first``..``last`` (inclusive) are all logged (an empty range always is)."""
+        return first > last or (self.first_step <= first and last <= self.last_step)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ class JobState:
         restarts: recoveries performed so far.
         holdings: verified copies per (step, rank, tier), from the catalog.
         latest_complete_step: the catalog's latest complete step, if any (reported only).
-        upstream_logs: upstream-log coverage per stage (empty when localized replay is off).
+        upstream_logs: upstream-log coverage per rank (empty when localized replay is off).
+        interrupted: the action of a recovery still under way when this failure came (a failure
+            during a localized replay falls back to a global rung).
     """
 
     layout: LayoutSpec
@@ -93,6 +96,7 @@ class JobState:
     holdings: frozenset[Holding] = field(default_factory=frozenset)
     latest_complete_step: int | None = None
     upstream_logs: tuple[UpstreamLog, ...] = ()
+    interrupted: RecoveryAction | None = None
 
     def __post_init__(self) -> None:
         if len(self.node_of_rank) != self.layout.world_size:

@@ -340,7 +340,9 @@ class Supervisor:
     def _restart_stragglers(self, view: CatalogView) -> None:
         """Kill and restart in place every surviving trainer stuck in the old generation (see
         :data:`STRAGGLER_SECONDS`); the plan stays: it rejoins the plan's generation and restores
-        the plan's step like a restarted rank."""
+        the plan's step like a restarted rank. Under ``LocalizedReplay`` the ranks that keep their state
+        are never restarted (their state is what the replay catches up to); gloo's collective timeout
+        frees them at the latest."""
         recs = self.snapshot.recoveries
         if not recs or recs[-1].resumed_at is not None or recs[-1].published_at is None \
                 or recs[-1].action == RecoveryAction.RESHARD.value:
@@ -348,7 +350,12 @@ class Supervisor:
         rec = recs[-1]
         if time.time() - rec.published_at < STRAGGLER_SECONDS:
             return
+        plan = self.record.plan
+        keep = set(range(len(self.pods))) - set(plan.restore_ranks) \
+            if plan is not None and plan.action is RecoveryAction.LOCALIZED_REPLAY else set()
         for rank in stuck_ranks(rec, self.pods, view.reports):
+            if rank in keep:  # its in-memory state is what the replay catches up to: wait for it
+                continue
             pod = self.pods[rank]
             pod.kill("trainer")
             pod.start_trainer(self._spare(pod.node, "trainer"))

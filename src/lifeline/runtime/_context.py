@@ -48,6 +48,7 @@ class RuntimeContext:
     restarts: int = 0
     join_seconds: dict[str, float] = field(default_factory=dict)
     _store: Any = field(default=None, repr=False)
+    _gen_store: Any = field(default=None, repr=False)
 
     @property
     def job(self) -> str:
@@ -78,6 +79,7 @@ class RuntimeContext:
                                pod_ip=s.pod_ip, timeout=s.rendezvous_timeout_seconds)
         self._store = store
         prefixed = dist.PrefixStore(f"lifeline/{self.job}/gen/{generation}", store)
+        self._gen_store = prefixed
         t1 = time.perf_counter()
         self._await_members(prefixed, generation)
         t2 = time.perf_counter()
@@ -126,6 +128,31 @@ class RuntimeContext:
         except Exception:  # noqa: BLE001 - a broken group may fail to shut down cleanly
             pass
         self._store = None
+        self._gen_store = None
+
+    def arrive(self, name: str) -> None:
+        """Count this rank in at the generation's named waypoint ``name`` (see :meth:`await_count`)."""
+        self._gen_store.add(name, 1)
+
+    def await_count(self, name: str, count: int, poll: float = 0.02) -> None:
+        """Wait until ``count`` ranks :meth:`arrive`\ d at ``name`` in this generation, up to
+        ``LIFELINE_RECOVERY_TIMEOUT_SECONDS`` (a store wait, not a collective: a replay may take
+        longer than one collective's timeout).
+
+        Raises:
+            Superseded: a newer generation was published meanwhile (its plan replaces this one).
+            RecoveryError: the ranks did not arrive in time.
+            RuntimeError: the generation's store went away (a collective error: a peer died).
+        """
+        deadline = time.monotonic() + self.settings.recovery_timeout_seconds
+        while self._gen_store.add(name, 0) < count:
+            current = self.current_generation()
+            if current > self.generation:
+                raise Superseded(current)
+            if time.monotonic() > deadline:
+                raise RecoveryError(f"{name}: fewer than {count} ranks arrived within "
+                                    f"{self.settings.recovery_timeout_seconds:.0f} s", job=self.job, rank=self.rank)
+            time.sleep(poll)
 
     def current_generation(self) -> int:
         """The job's generation in the catalog (this context's own without a catalog)."""

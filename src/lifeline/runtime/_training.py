@@ -11,11 +11,14 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from lifeline.api.recovery import RecoveryPlan
+from lifeline.api.trainingjob import RecoveryAction
 from lifeline.checkpoint import Layout
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._rendezvous import Superseded
+from lifeline.runtime._replay import UpstreamLog, localized_recovery
 
 __all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
 
@@ -95,6 +98,36 @@ def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoin
     return trainer
 
 
+def _upstream_log(ctx: RuntimeContext, checkpointer: Checkpointer) -> UpstreamLog | None:
+    """The rank's upstream log when ``LIFELINE_UPSTREAM_LOG_STEPS`` > 0 and a sidecar holds it."""
+    keep = getattr(ctx.settings, "upstream_log_steps", 0)
+    if keep <= 0 or ctx.layout.pipeline < 2 or not hasattr(checkpointer, "client"):
+        return None
+    return UpstreamLog(lambda: checkpointer.client, ctx.catalog, ctx.rank, ctx.layout.coords(ctx.rank).pipeline, keep)
+
+
+def _attach(trainer: Trainable, log: UpstreamLog | None) -> Trainable:
+    if log is not None and hasattr(trainer, "log"):
+        trainer.log = log
+    return trainer
+
+
+def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
+           plan: RecoveryPlan, log: UpstreamLog | None) -> tuple[Trainable, int | None]:
+    """Restore what ``plan`` says on the joined generation: its step (every rank), or under
+    ``LocalizedReplay`` only the failed stage's ranks, which then replay (:func:`localized_recovery`).
+    Returns the trainer and the step restored (``None``: this rank kept its state)."""
+    if plan.action is RecoveryAction.LOCALIZED_REPLAY:
+        def restore(step: int | None) -> Trainable:
+            return _attach(_restore(ctx, spec, trainer, checkpointer, step), log)
+        kept = ctx.rank not in plan.restore_ranks
+        return localized_recovery(ctx, trainer, plan, restore, log), None if kept else plan.restore_step or 0
+    trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
+    if log is not None:
+        log.restart_at(trainer.step)
+    return trainer, plan.restore_step or 0
+
+
 def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
     """``trainer.connect`` on the joined generation, then one ``join`` line with where the join went."""
     start = time.perf_counter()
@@ -103,9 +136,10 @@ def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
 
 
 def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
-             checkpointer: Checkpointer) -> tuple[Trainable, int]:
+             checkpointer: Checkpointer, log: UpstreamLog | None) -> tuple[Trainable, int | None]:
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
-    peers keep failing. Returns the trainer and the restored step (0: initial state)."""
+    peers keep failing. Returns the trainer and the restored step (0: initial state; ``None``: a
+    localized replay in another stage, this rank kept its state)."""
     while True:
         trainer.disconnect()
         ctx.teardown()
@@ -120,8 +154,7 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
                 plan = ctx.plan(generation) or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
-            trainer = _restore(ctx, spec, trainer, checkpointer, plan.restore_step)
-            return trainer, plan.restore_step or 0
+            return _apply(ctx, spec, trainer, checkpointer, plan, log)
         except Exception as err:  # noqa: BLE001
             if not is_collective_error(err):
                 raise
@@ -149,12 +182,17 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     built = time.perf_counter()
     trainer = model_spec.build(ctx.layout, ctx.rank)
     built = time.perf_counter() - built
+    log = _upstream_log(ctx, checkpointer)
+    _attach(trainer, log)
     _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
-    start_step = plan.restore_step if plan is not None else checkpointer.latest_step()
-    if start_step is not None:
-        trainer = _restore(ctx, model_spec, trainer, checkpointer, start_step)
+    if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
+        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log)
+        if step is not None and plan.restore_step is not None:
+            restored.append(step)
+    elif plan is None and (start_step := checkpointer.latest_step()) is not None:
+        trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step), log)
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
                layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
@@ -166,6 +204,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 raise Superseded(newer)
             result = trainer.train_step()
             last_loss = result.loss
+            if log is not None:
+                log.step_done(result.step)
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
                        seconds=round(result.seconds, 6),
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
@@ -185,7 +225,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         # collective, whose locals reference this generation's process groups; while it lives, their
         # gloo sockets stay open and peers blocked on this rank wait out their collective timeout.
         ctx.report("failure", step=trainer.step, error=failed)
-        trainer, step = _recover(ctx, model_spec, trainer, checkpointer)
-        restored.append(step)
+        trainer, step = _recover(ctx, model_spec, trainer, checkpointer, log)
+        if step is not None:
+            restored.append(step)
     ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
     return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss)

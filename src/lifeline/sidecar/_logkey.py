@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
 
-__all__ = ["LogKey"]
+__all__ = ["LogKey", "DIRECTIONS"]
+
+DIRECTIONS = ("fwd", "bwd", "norm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +19,8 @@ class LogKey:
         iteration: training iteration (step) the tensor belongs to, >= 0.
         micro_batch: micro-batch index within the iteration, >= 0.
         stage: pipeline stage that sent the tensor, >= 0.
-        direction: ``"fwd"`` (activation sent to stage+1) or ``"bwd"`` (gradient sent to stage-1).
+        direction: ``"fwd"`` (activation sent to stage+1), ``"bwd"`` (gradient sent to stage-1) or
+            ``"norm"`` (the world's gradient sums of squares of the iteration, micro-batch 0).
     """
 
     iteration: int
@@ -29,8 +32,8 @@ class LogKey:
         for f in ("iteration", "micro_batch", "stage"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 0:
                 raise ConfigError(f"upstream-log key {f} must be an int >= 0", field=f)
-        if self.direction not in ("fwd", "bwd"):
-            raise ConfigError("upstream-log key direction must be 'fwd' or 'bwd'", field="direction")
+        if self.direction not in DIRECTIONS:
+            raise ConfigError(f"upstream-log key direction must be one of {DIRECTIONS}", field="direction")
 
     @property
     def name(self) -> str:

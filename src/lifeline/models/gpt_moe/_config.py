@@ -39,6 +39,9 @@ class GPTMoEConfig:
       per replica group (pipeline schedule GPipe, Huang et al. 2019).
     * ``seq_len`` — tokens per sequence; ``corpus_bytes`` — bytes of the standard-library corpus read.
     * ``lr``, ``betas``, ``eps``, ``weight_decay`` — AdamW (Loshchilov & Hutter 2019).
+    * ``warmup_steps``, ``decay_steps``, ``min_lr_ratio`` — linear warm-up to ``lr``, then cosine
+      decay to ``lr * min_lr_ratio`` at ``decay_steps`` (steps).
+    * ``grad_clip`` — global gradient-norm clipping across every rank (0: off).
     * ``seed`` — parameter initialisation (per tensor, layout-independent), data order, RNG per rank.
     """
 
@@ -61,6 +64,10 @@ class GPTMoEConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.01
+    warmup_steps: int = 4
+    decay_steps: int = 200
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
     init_std: float = 0.02
     seed: int = 1234
 
@@ -87,6 +94,13 @@ class GPTMoEConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1", field=name)
+        if int(self.warmup_steps) < 0 or int(self.decay_steps) < int(self.warmup_steps):
+            raise ConfigError(f"warmup_steps={self.warmup_steps} must be >= 0 and <= decay_steps={self.decay_steps}",
+                              field="warmup_steps")
+        if not 0.0 <= float(self.min_lr_ratio) <= 1.0:
+            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]", field="min_lr_ratio")
+        if float(self.grad_clip) < 0:
+            raise ConfigError(f"grad_clip={self.grad_clip} must be >= 0 (0 turns clipping off)", field="grad_clip")
         if self.vocab_size < BYTE_VOCAB + 1:
             raise ConfigError(f"vocab_size={self.vocab_size} must be >= 257 (bytes + end-of-document)",
                               field="vocab_size")

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -14,14 +15,36 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lifeline.checkpoint import Layout, PatternRules
-from lifeline.errors import ConfigError
+from lifeline.errors import ConfigError, RecoveryError
 from lifeline.models.gpt_moe._config import GPTMoEConfig
 from lifeline.models.gpt_moe._data import StdlibLoader, stdlib_corpus
 from lifeline.models.gpt_moe._patterns import pattern_rules
+from lifeline.models.gpt_moe._schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
 from lifeline.models.gpt_moe._stage import GPTMoEStage
 from lifeline.models.gpt_moe._state import load_state, state
 
-__all__ = ["GPTMoETrainer", "StepResult", "deterministic_cpu"]
+__all__ = ["GPTMoETrainer", "StepResult", "StageLog", "ReplaySource", "deterministic_cpu"]
+
+
+class StageLog(Protocol):
+    """Where a stage records what it sends across a pipeline boundary (the runtime's upstream log).
+
+    ``direction``: ``"fwd"`` activations sent to stage + 1 (float32 ``(micro_batch, seq_len,
+    d_model)``), ``"bwd"`` gradients sent to stage - 1 (same shape), ``"norm"`` the world's
+    gradient sums of squares of the step (float64 ``(world_size,)``, ``micro_batch`` 0).
+    ``iteration`` is the 0-based step being computed (completed steps before it).
+    """
+
+    def record(self, iteration: int, micro_batch: int, direction: str, tensor: Tensor) -> None: ...
+
+
+class ReplaySource(Protocol):
+    """The neighbours' upstream logs a replaying stage reads: fills ``out`` (its shape and dtype
+    are the entry's) with the entry ``(iteration, micro_batch, stage, direction)`` that ``rank``
+    logged. Raises :class:`~lifeline.errors.RecoveryError` when the entry is gone."""
+
+    def fetch(self, out: Tensor, *, iteration: int, micro_batch: int, stage: int, direction: str,
+              rank: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +77,10 @@ class GPTMoETrainer:
     * Data parallel: after the backward pass the gradients (and the loss, for reporting) are
       flattened into one buffer, summed with one ``all_reduce`` over the replica group of the
       stage, divided by ``layout.data`` — the same order every step, hence deterministic.
-    * AdamW (``foreach=False``), ``cfg.lr``; the step count is the data loader's position.
+    * Global gradient-norm clipping (``cfg.grad_clip``): every rank's gradient sum of squares is
+      gathered (``all_gather`` over the world) and summed in stage order, so every rank computes
+      the same coefficient; then AdamW (``foreach=False``) at :func:`lr_at` of the step (warm-up
+      then cosine). The step count is the data loader's position.
 
     Call :meth:`connect` after every (re)initialisation of the default process group (it builds
     the data-parallel groups, a collective every rank must join); single-process runs
@@ -81,6 +107,9 @@ class GPTMoETrainer:
             if stage < layout.pipeline - 1 else None
         self.dp_group = None
         self._distributed = False
+        self.log: StageLog | None = None
+        self._contributors = [layout.rank(dataclasses.replace(self.coords, pipeline=s, data=0))
+                              for s in range(layout.pipeline)]
 
     @property
     def step(self) -> int:
@@ -121,23 +150,55 @@ class GPTMoETrainer:
     def train_step(self) -> StepResult:
         """Run one optimizer step on the next batch; returns its :class:`StepResult`.
 
+        With :attr:`log` set, every tensor sent across a pipeline boundary and the step's gradient
+        sums of squares are recorded there (upstream logging, MoEvement §5).
+
         Raises whatever ``torch.distributed`` raises when a peer fails (``RuntimeError`` /
         ``DistBackendError``): the runtime's recovery loop handles it.
         """
+        return self._step(None)
+
+    def replay_step(self, source: ReplaySource) -> StepResult:
+        """Recompute the next step from the neighbours' upstream logs instead of the pipeline.
+
+        The stage's inputs (activations of stage - 1) and output gradients (from stage + 1) and
+        the world's gradient sums of squares of that step come from ``source``; the data-parallel
+        all-reduce still runs over the stage's replica group (its replicas replay with it). The
+        result is bit-identical to the step the failed rank ran: the same inputs in the same order
+        through the same deterministic kernels, and the same clipping coefficient. What the stage
+        sends is logged again (so its own log is whole once more); nothing is sent.
+
+        Raises:
+            RecoveryError: the recomputed sum of squares of this rank differs from the logged one
+                (the replay diverged: it is abandoned, never used).
+        """
+        return self._step(source)
+
+    def abandon_step(self) -> None:
+        """Drop the partial work of an interrupted step (gradients zeroed); the state stays that of
+        the last completed step. A survivor of a localized recovery calls it instead of restoring."""
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def _step(self, source: ReplaySource | None) -> StepResult:
         cfg = self.cfg
         start = time.perf_counter()
-        batch = self.loader.batch_at(self.loader.position).view(cfg.micro_batches, cfg.micro_batch, cfg.seq_len + 1)
+        it = self.loader.position
+        batch = self.loader.batch_at(it).view(cfg.micro_batches, cfg.micro_batch, cfg.seq_len + 1)
         inputs, targets = batch[..., :-1], batch[..., 1:]
         m_count = cfg.micro_batches
         saved: list[tuple[Tensor | None, Tensor, Tensor]] = []
         lm_total = torch.zeros(())
         aux_total = 0.0
+        stage = self.coords.pipeline
         for m in range(m_count):  # GPipe: every forward first
             if self.prev is None:
                 x = inputs[m]
             else:
                 x = torch.empty(cfg.micro_batch, cfg.seq_len, cfg.d_model)
-                dist.recv(x, src=self.prev)
+                if source is None:
+                    dist.recv(x, src=self.prev)
+                else:
+                    source.fetch(x, iteration=it, micro_batch=m, stage=stage - 1, direction="fwd", rank=self.prev)
                 x.requires_grad_(True)
             out, aux = self.model(x)
             aux_total += float(aux.detach())
@@ -146,7 +207,10 @@ class GPTMoETrainer:
                 lm_total += lm.detach()
                 out = (lm + cfg.aux_loss_coef * aux) / m_count
             else:
-                dist.send(out.detach().contiguous(), dst=self.next)
+                sent = out.detach().contiguous()
+                if source is None:
+                    dist.send(sent, dst=self.next)
+                self._record(it, m, "fwd", sent)
             saved.append((x if self.prev is not None else None, out, aux))
         for m in reversed(range(m_count)):  # then every backward, last micro-batch first
             x, out, aux = saved[m]
@@ -154,21 +218,57 @@ class GPTMoETrainer:
                 out.backward()
             else:
                 grad = torch.empty_like(out)
-                dist.recv(grad, src=self.next)
+                if source is None:
+                    dist.recv(grad, src=self.next)
+                else:
+                    source.fetch(grad, iteration=it, micro_batch=m, stage=stage + 1, direction="bwd", rank=self.next)
                 aux_scaled = aux * (cfg.aux_loss_coef / m_count)
                 if aux_scaled.requires_grad:
                     torch.autograd.backward([out, aux_scaled], [grad, torch.ones(())])
                 else:
                     out.backward(grad)
             if x is not None:
-                dist.send(x.grad.contiguous(), dst=self.prev)
+                sent = x.grad.contiguous()
+                if source is None:
+                    dist.send(sent, dst=self.prev)
+                self._record(it, m, "bwd", sent)
         loss = self._reduce_gradients(lm_total / m_count)
+        self._clip(it, source)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(cfg, it)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
         self.loader.position += 1
         tokens = cfg.tokens_per_step * self.layout.data
         return StepResult(self.step, loss if self.next is None else None, aux_total / m_count, tokens,
                           time.perf_counter() - start)
+
+    def _record(self, iteration: int, micro_batch: int, direction: str, tensor: Tensor) -> None:
+        if self.log is not None:
+            self.log.record(iteration, micro_batch, direction, tensor)
+
+    def _clip(self, iteration: int, source: ReplaySource | None) -> None:
+        """Global gradient-norm clipping: every rank's sum of squares gathered (logged for replays)."""
+        local = local_sumsq(self.params)
+        world = self.layout.world_size
+        if source is not None:
+            sumsq = torch.empty(world, dtype=torch.float64)
+            neighbour = self.prev if self.prev is not None else self.next
+            source.fetch(sumsq, iteration=iteration, micro_batch=0,
+                         stage=self.layout.coords(neighbour).pipeline, direction="norm", rank=neighbour)
+            if float(sumsq[self.rank]) != local:
+                raise RecoveryError(f"replay of step {iteration + 1} diverged: gradient sum of squares "
+                                    f"{local!r} != logged {float(sumsq[self.rank])!r}", rank=self.rank,
+                                    step=iteration + 1)
+        elif self._distributed:
+            parts = [torch.empty(1, dtype=torch.float64) for _ in range(world)]
+            dist.all_gather(parts, torch.tensor([local], dtype=torch.float64))
+            sumsq = torch.cat(parts)
+        else:
+            sumsq = torch.tensor([local], dtype=torch.float64)
+        if self.log is not None and world > 1:
+            self.log.record(iteration, 0, "norm", sumsq)
+        apply_clip(self.params, clip_coefficient(self.cfg.grad_clip, sumsq, self._contributors))
 
     def _reduce_gradients(self, loss: Tensor) -> float:
         if self.dp_group is None:

@@ -1,0 +1,153 @@
+"""Upstream logging and localized replay (after MoEvement, Gandhi et al., arXiv 2412.15411, §5).
+
+:class:`UpstreamLog` is the trainer's :class:`StageLog` and :class:`ReplaySource` over the pod's
+sidecar: every tensor a rank sends across a pipeline boundary goes to its sidecar's log store
+(replicated to a peer on another node), keyed by ``(iteration, micro-batch, stage, direction)``;
+the range of steps a rank's log covers is recorded in the catalog after every step, and entries
+older than ``keep_steps`` are dropped.
+
+:func:`localized_recovery` applies a ``LocalizedReplay`` plan in one rank: the ranks of the
+failed stage restore the plan's step and replay to ``replay_to_step`` from their neighbours' logs;
+every other rank drops its partial step, keeps its state and waits for them. Nobody else restores
+or recomputes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lifeline.api.recovery import RecoveryPlan
+from lifeline.catalog import Catalog, LogCoverage
+from lifeline.errors import CatalogError, LifelineError, RecoveryError
+from lifeline.sidecar.client import LogKey
+
+__all__ = ["UpstreamLog", "localized_recovery"]
+
+_REPLAYED = "replayed"
+
+
+class UpstreamLog:
+    """A rank's upstream log in its sidecar (what the trainer records, what a replay fetches).
+
+    Args:
+        client: a callable returning the connected ``SidecarClient`` (the checkpointer's, made on
+            first use).
+        catalog: the job's catalog (coverage records), or ``None``.
+        rank, stage: this rank and its pipeline stage.
+        keep_steps: steps of log kept (two windows); older entries are dropped from the sidecar.
+    """
+
+    def __init__(self, client: Any, catalog: Catalog | None, rank: int, stage: int, keep_steps: int) -> None:
+        self._client, self.catalog = client, catalog
+        self.rank, self.stage, self.keep_steps = rank, stage, max(1, keep_steps)
+        self.first: int | None = None
+        self.last: int | None = None
+        self.bytes_logged = 0
+        self.seconds = 0.0
+
+    def record(self, iteration: int, micro_batch: int, direction: str, tensor: Tensor) -> None:
+        """Store one sent tensor (bytes as they are) in the sidecar's log."""
+        t0 = time.perf_counter()
+        self._client().put_log(LogKey(iteration, micro_batch, self.stage, direction), tensor)
+        self.bytes_logged += tensor.numel() * tensor.element_size()
+        self.seconds += time.perf_counter() - t0
+
+    def step_done(self, step: int) -> None:
+        """Step ``step`` (completed steps) is logged whole: drop entries older than ``keep_steps`` and
+        record the covered range ``first..last`` in the catalog (best effort while Redis is away)."""
+        self.first = step if self.first is None or step < self.first else self.first
+        self.last = step
+        before = step - self.keep_steps  # iterations < before (steps <= before) are dropped
+        if before > 0 and step % max(1, self.keep_steps // 2) == 0:
+            self._client().gc_logs(before)
+        if before > 0:
+            self.first = max(self.first, before + 1)
+        if self.catalog is not None:
+            try:
+                self.catalog.record_log_coverage(LogCoverage(self.rank, self.first, self.last))
+            except CatalogError:
+                pass
+
+    def restart_at(self, step: int) -> None:
+        """The rank's state went back to ``step`` (a restore): its log covers nothing after it yet."""
+        self.first = self.last = None
+
+    def fetch(self, out: Tensor, *, iteration: int, micro_batch: int, stage: int, direction: str,
+              rank: int) -> None:
+        """Fill ``out`` with the entry ``rank`` logged (from its sidecar or the peer holding its copy).
+
+        Raises:
+            RecoveryError: the entry is gone or has another size than ``out``.
+        """
+        key = LogKey(iteration, micro_batch, stage, direction)
+        try:
+            data = self._client().get_log(key, rank=rank)
+        except LifelineError as err:
+            raise RecoveryError(f"upstream log {key} of rank {rank} is not available: {err}", rank=self.rank,
+                                step=iteration + 1) from err
+        if len(data) != out.numel() * out.element_size():
+            raise RecoveryError(f"upstream log {key} of rank {rank} holds {len(data)} bytes, expected "
+                                f"{out.numel() * out.element_size()}", rank=self.rank, step=iteration + 1)
+        out.view(-1).view(torch.uint8).copy_(torch.frombuffer(data, dtype=torch.uint8))
+
+
+def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any, log: UpstreamLog | None) -> Any:
+    """Apply a ``LocalizedReplay`` plan in this rank after joining its generation; returns the trainer.
+
+    * A rank in ``plan.restore_ranks``: ``restore(plan.restore_step)`` (the caller's restore, which
+      reports it), then ``trainer.replay_step(log)`` until ``plan.replay_to_step``, reporting a
+      ``replay`` event per step and one ``replayed`` event; then it arrives at the waypoint.
+    * Any other rank: drops its partial step (``abandon_step``) and waits, without restoring, for
+      every replaying rank to arrive (a store wait bounded by the recovery timeout).
+
+    Raises:
+        RecoveryError: a surviving rank is not at ``plan.replay_to_step`` (its state is not the one
+            the replay catches up to: the ranks fall back to a global recovery, never to a wrong
+            state), the logs are missing, or the replay diverged.
+        Superseded: a newer plan was published while waiting.
+    """
+    target = plan.replay_to_step if plan.replay_to_step is not None else plan.restore_step
+    if ctx.rank in plan.restore_ranks:
+        trainer = restore(plan.restore_step)
+        if log is None:
+            raise RecoveryError("a LocalizedReplay plan reached a rank without upstream logging "
+                                "(LIFELINE_UPSTREAM_LOG_STEPS=0)", job=ctx.job, rank=ctx.rank)
+        log.restart_at(trainer.step)
+        trainer.log = log
+        start, first = time.perf_counter(), trainer.step
+        while trainer.step < target:
+            _fault_point(ctx.rank, trainer.step + 1)
+            t0 = time.perf_counter()
+            result = trainer.replay_step(log)
+            log.step_done(result.step)
+            ctx.report("replay", step=result.step, loss=result.loss,
+                       seconds=round(time.perf_counter() - t0, 6))
+        ctx.report("replayed", step=trainer.step, steps=trainer.step - first,
+                   seconds=round(time.perf_counter() - start, 6), log_bytes=log.bytes_logged)
+        ctx.arrive(_REPLAYED)
+        return trainer
+    trainer.abandon_step()
+    if trainer.step != target:
+        raise RecoveryError(f"localized replay to step {target}, but this surviving rank is at step {trainer.step}",
+                            job=ctx.job, rank=ctx.rank, step=trainer.step)
+    start = time.perf_counter()
+    ctx.report("keep", step=trainer.step)
+    ctx.await_count(_REPLAYED, len(plan.restore_ranks))
+    ctx.report("waited", record=False, step=trainer.step, seconds=round(time.perf_counter() - start, 6))
+    return trainer
+
+
+FAULT_ENV = "LIFELINE_FAULT_IN_REPLAY"
+"""Fault injection for tests and the chaos benchmark: ``"<rank>:<step>"`` makes that rank's trainer die
+(exit 137, as a SIGKILL) just before it replays ``step`` — a failure during a localized replay."""
+
+
+def _fault_point(rank: int, step: int) -> None:
+    wanted = os.environ.get(FAULT_ENV, "")
+    if wanted and wanted == f"{rank}:{step}":
+        os._exit(137)

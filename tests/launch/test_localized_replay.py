@@ -1,0 +1,94 @@
+"""Acceptance: localized replay (MoEvement) with ``lifeline run``: real processes, Redis, gloo, sidecars.
+
+A 3-stage pipeline (one rank per stage, 4 micro-batches per step: more micro-batches than stages,
+so log keys of one step differ only by micro-batch), warm-up + cosine learning rate and global
+gradient-norm clipping on, checkpoints every 4 steps, ``recovery.localizedReplay`` on. Each run
+with failures ends bit-identical to the failure-free run, and the ranks of the stages that did not
+fail never restore: they keep their state and wait while the failed stage restores its latest copy
+and replays from its neighbours' upstream logs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ._jobs import job_doc, lifeline_run, trainer_events, write_job
+
+STAGES = 3
+
+
+def _doc(name: str, *, fault_in_replay: str | None = None) -> dict:
+    doc = job_doc(name, pipeline=STAGES, data=1)
+    spec = doc["spec"]
+    spec["model"]["args"].update(n_layers=STAGES, micro_batches=4, grad_clip=0.5, warmup_steps=3)
+    spec["checkpoint"]["every"] = 4
+    spec["recovery"]["localizedReplay"] = True
+    spec["recovery"].pop("elastic")
+    if fault_in_replay:
+        env = spec["template"]["spec"]["containers"][0]["env"]
+        env.append({"name": "LIFELINE_FAULT_IN_REPLAY", "value": fault_in_replay})
+    return doc
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref3")
+    summary = lifeline_run(write_job(root / "job.yaml", _doc("ref3")), root / "state", "--persist-uri",
+                           str(root / "l2"))
+    assert summary["phase"] == "Succeeded" and summary["recoveries"] == []
+    return summary
+
+
+def _run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None) -> dict:
+    args = [a for inj in injections for a in ("--inject-failure", inj)]
+    return lifeline_run(write_job(tmp_path / "job.yaml", _doc(name, fault_in_replay=fault_in_replay)),
+                        tmp_path / "state", "--persist-uri", str(tmp_path / "l2"), *args)
+
+
+def _events(tmp_path: Path, event: str, generation: int | None = None) -> list[dict]:
+    return [e for e in trainer_events(tmp_path / "state") if e.get("event") == event
+            and (generation is None or e.get("generation") == generation)]
+
+
+def _restored_ranks(tmp_path: Path, generation: int) -> set[int]:
+    return {e["rank"] for e in _events(tmp_path, "restore", generation)}
+
+
+def test_a_trainer_crash_in_the_middle_stage_replays_that_stage_alone(reference, tmp_path):
+    summary = _run(tmp_path, "mid", "trainer:rank=1:step=7")
+    (rec,) = summary["recoveries"]
+    assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L0", 4, [1])
+    assert _restored_ranks(tmp_path, 1) == {1}, "only the failed stage may restore"
+    assert {e["rank"] for e in _events(tmp_path, "keep", 1)} == {0, 2}
+    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == [5, 6, 7]
+    (done,) = _events(tmp_path, "replayed", 1)
+    assert done["rank"] == 1 and done["steps"] == 3 and done["log_bytes"] > 0
+    assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
+
+
+def test_a_node_loss_of_one_stage_restores_from_the_peer_copy_and_replays(reference, tmp_path):
+    summary = _run(tmp_path, "node", "node:rank=1:step=7")
+    (rec,) = summary["recoveries"]
+    assert (rec["action"], rec["tier"], rec["restore_step"]) == ("LocalizedReplay", "L1", 4)
+    assert _restored_ranks(tmp_path, 1) == {1}
+    assert summary["digest"] == reference["digest"]
+
+
+def test_two_failures_in_different_windows_each_replay_locally(reference, tmp_path):
+    summary = _run(tmp_path, "two", "trainer:rank=1:step=5", "trainer:rank=2:step=10")
+    actions = [(r["action"], r["restore_step"], r["ranks"]) for r in summary["recoveries"]]
+    assert actions == [("LocalizedReplay", 4, [1]), ("LocalizedReplay", 8, [2])]
+    # the second replay reads stage 1's log of steps 9..10, which stage 1 wrote after its own replay
+    assert _restored_ranks(tmp_path, 1) == {1} and _restored_ranks(tmp_path, 2) == {2}
+    assert summary["digest"] == reference["digest"]
+
+
+def test_a_failure_during_the_replay_falls_back_to_a_global_restore(reference, tmp_path):
+    summary = _run(tmp_path, "fir", "trainer:rank=1:step=7", fault_in_replay="1:6")
+    actions = [(r["action"], r["restore_step"]) for r in summary["recoveries"]]
+    assert actions == [("LocalizedReplay", 4), ("RestartInPlace", 4)]
+    assert [e["step"] for e in _events(tmp_path, "replay", 1)] == [5], "the replay died before step 6"
+    assert _restored_ranks(tmp_path, 2) == {0, 1, 2}, "after the failed replay every rank restores"
+    assert summary["digest"] == reference["digest"]
