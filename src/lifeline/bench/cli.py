@@ -115,3 +115,31 @@ def operator_command(
     from lifeline.bench.operator import run
 
     typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=state_dir, poll=poll), indent=1))
+
+
+@app.command("moe")
+def moe_command(
+    experts: str = typer.Option("8,32,64", "--experts", help="Comma-separated experts per MoE layer."),
+    steps: int = typer.Option(12, "--steps", help="spec.steps of the recovery runs."),
+    fail_step: int = typer.Option(7, "--fail-step", help="Kill the middle stage's trainer at this step."),
+    every: int = typer.Option(4, "--every", help="Checkpoint interval of the recovery runs (steps)."),
+    recovery: bool = typer.Option(True, "--recovery/--no-recovery", help="Run the two recovery runs."),
+    state_dir: str = _state_dir("Directory for the runs (default: a new temp dir)."),
+) -> None:
+    """MoE: checkpoint bytes and stall per step (dense vs sparse), upstream-log bytes, localized vs global
+    recovery of one stage, and ETTR at scale next to CheckFreq, Gemini and MoEvement."""
+    import json
+
+    try:
+        counts = tuple(int(x) for x in experts.split(",") if x.strip())
+    except ValueError:
+        counts = ()
+    _check((not counts or min(counts) < 2, "--experts", f"must be integers >= 2 separated by commas, got {experts!r}"),
+           (steps < 3, "--steps", f"must be >= 3, got {steps}"),
+           (every < 1, "--every", f"must be >= 1, got {every}"),
+           (not every < fail_step < steps, "--fail-step", f"must be in (--every, --steps), got {fail_step}"),
+           state_dir=state_dir)
+    from lifeline.bench.moe import run
+
+    typer.echo(json.dumps(run(experts=counts, steps=steps, fail_step=fail_step, every=every, recovery=recovery,
+                              workdir=state_dir), indent=1))

@@ -49,6 +49,7 @@ class UpstreamLog:
         self.last: int | None = None
         self.bytes_logged = 0
         self.seconds = 0.0
+        self._taken = (0, 0.0)
 
     def record(self, iteration: int, micro_batch: int, direction: str, tensor: Tensor) -> None:
         """Store one sent tensor (bytes as they are) in the sidecar's log."""
@@ -72,6 +73,12 @@ class UpstreamLog:
                 self.catalog.record_log_coverage(LogCoverage(self.rank, self.first, self.last))
             except CatalogError:
                 pass
+
+    def take_counts(self) -> dict[str, float]:
+        """Bytes logged and seconds spent logging since the previous call (per-step reporting)."""
+        out = {"log_bytes": self.bytes_logged - self._taken[0], "log_seconds": round(self.seconds - self._taken[1], 6)}
+        self._taken = (self.bytes_logged, self.seconds)
+        return out
 
     def restart_at(self, step: int) -> None:
         """The rank's state went back to ``step`` (a restore): its log covers nothing after it yet."""

@@ -204,10 +204,12 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 raise Superseded(newer)
             result = trainer.train_step()
             last_loss = result.loss
+            logged = {}
             if log is not None:
                 log.step_done(result.step)
+                logged = log.take_counts()
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
-                       seconds=round(result.seconds, 6),
+                       seconds=round(result.seconds, 6), **logged,
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
             if result.step % every == 0 or result.step == steps:
                 t0 = time.perf_counter()

@@ -1,0 +1,88 @@
+"""``bench moe``'s recovery rows: one failed pipeline stage, localized replay vs global rollback.
+
+Two ``lifeline run``s of the same 3-stage GPT-MoE job (one rank per stage, checkpoints every
+``every`` steps, warm-up + cosine LR and gradient clipping on) with the same injected crash of the
+middle stage's trainer; one with ``recovery.localizedReplay`` (the stage restores its copy and
+replays from its neighbours' upstream logs), one without (every rank restores the same copy and
+recomputes). Both restore the same step, so the difference is what each recomputes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+__all__ = ["recovery_rows", "job_doc"]
+
+STAGES = 3
+MODEL = {"d_model": 64, "n_layers": STAGES, "n_heads": 4, "d_expert": 64, "seq_len": 64, "micro_batch": 2,
+         "micro_batches": 4, "corpus_bytes": 1 << 18, "grad_clip": 0.5}
+ENV = {"LIFELINE_COLLECTIVE_TIMEOUT_SECONDS": "20"}
+
+
+def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, experts: int = 8) -> dict:
+    """The 3-stage TrainingJob document of the recovery rows."""
+    return {
+        "apiVersion": "lifeline.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {
+            "replicas": STAGES, "layout": {"pipeline": STAGES, "data": 1}, "steps": steps, "seed": 0,
+            "model": {"name": "gpt-moe", "args": {**MODEL, "n_experts": experts}},
+            "template": {"spec": {"containers": [{"name": "trainer", "command": ["python", "-m", "lifeline", "trainer"],
+                                                  "env": [{"name": k, "value": v} for k, v in ENV.items()]}]}},
+            "checkpoint": {"every": every, "peerReplicas": 1, "persist": {"every": every, "uri": l2}},
+            "recovery": {"maxRestarts": 10, "hangTimeoutSeconds": 300, "localizedReplay": localized},
+        },
+    }
+
+
+def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, localized: bool) -> dict[str, Any]:
+    from lifeline.launch.inject import Injection
+    from lifeline.launch.spec import load_for_launch
+    from lifeline.launch.supervisor import LaunchOptions, Supervisor
+    from lifeline.runtime.events import read_events
+
+    job = load_for_launch(job_doc(name, steps=steps, every=every, localized=localized, l2=f"file://{root / 'l2'}"))
+    sup = Supervisor(job, LaunchOptions(state_dir=root / name, injections=(Injection("trainer", 1, fail_step),),
+                                        timeout_seconds=900))
+    phase = sup.run()
+    (rec,) = [r.to_dict() for r in sup.snapshot.recoveries]
+    events = read_events(sorted((root / name / "logs").glob("*-trainer.log")))
+    g = rec["generation"]
+    restore = rec["restore_step"]
+    replayed = [e for e in events if e.get("event") == "replay" and e.get("generation") == g]
+    recomputed = [e for e in events if e.get("event") == "step" and e.get("generation") == g
+                  and restore < e["step"] <= fail_step]
+    ranks = sorted({e["rank"] for e in events if e.get("event") == "restore" and e.get("generation") == g})
+    step_s = sorted(v for v in sup.step_seconds.values() if v > 0)
+    log_bytes = [e["log_bytes"] for e in events if e.get("event") == "replayed" and e.get("generation") == g]
+    per_step: dict[int, int] = {}
+    log_seconds = []
+    for e in events:
+        if e.get("event") == "step" and e.get("generation") == 0 and "log_bytes" in e:
+            per_step[e["step"]] = per_step.get(e["step"], 0) + int(e["log_bytes"])
+            log_seconds.append(float(e["log_seconds"]))
+    return {
+        "upstream_log_bytes_per_step": statistics.median(per_step.values()) if per_step else 0,
+        "upstream_log_seconds_per_rank_step": round(statistics.median(log_seconds), 6) if log_seconds else 0.0,
+        "phase": phase, "action": rec["action"], "restore_step": restore, "failure_step": fail_step,
+        "ranks_restored": ranks,
+        "to_failure_step_seconds": rec.get("to_same_step_seconds"),
+        "rank_seconds_recomputed": round(sum(e["seconds"] for e in replayed + recomputed), 4),
+        "steps_recomputed_per_rank": len(replayed + recomputed) // max(1, len(ranks)),
+        "step_seconds": step_s[len(step_s) // 2] if step_s else None,
+        "replay_log_bytes_per_step": (log_bytes[0] // max(1, len(replayed))) if log_bytes and replayed else None,
+        "digest": (sup.digest or {}).get("sha256"),
+    }
+
+
+def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int = 7) -> dict[str, Any]:
+    """Both runs and the ratio of rank-seconds recomputed (target ≤ 1 / stages)."""
+    localized = _one(root, "moe-localized", steps=steps, every=every, fail_step=fail_step, localized=True)
+    rollback = _one(root, "moe-rollback", steps=steps, every=every, fail_step=fail_step, localized=False)
+    ratio = None
+    if rollback["rank_seconds_recomputed"]:
+        ratio = round(localized["rank_seconds_recomputed"] / rollback["rank_seconds_recomputed"], 4)
+    return {"stages": STAGES, "localized": localized, "global_rollback": rollback,
+            "recomputed_ratio": ratio, "target_ratio": round(1 / STAGES, 4),
+            "met": ratio is not None and ratio <= 1 / STAGES}
