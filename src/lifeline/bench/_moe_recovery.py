@@ -69,6 +69,7 @@ def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, local
         "ranks_restored": ranks,
         "to_failure_step_seconds": rec.get("to_same_step_seconds"),
         "rank_seconds_recomputed": round(sum(e["seconds"] for e in replayed + recomputed), 4),
+        "rank_steps_recomputed": len(replayed + recomputed),
         "steps_recomputed_per_rank": len(replayed + recomputed) // max(1, len(ranks)),
         "step_seconds": step_s[len(step_s) // 2] if step_s else None,
         "replay_log_bytes_per_step": (log_bytes[0] // max(1, len(replayed))) if log_bytes and replayed else None,
@@ -80,9 +81,15 @@ def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int
     """Both runs and the ratio of rank-seconds recomputed (target ≤ 1 / stages)."""
     localized = _one(root, "moe-localized", steps=steps, every=every, fail_step=fail_step, localized=True)
     rollback = _one(root, "moe-rollback", steps=steps, every=every, fail_step=fail_step, localized=False)
-    ratio = None
+    ratio = steady = None
     if rollback["rank_seconds_recomputed"]:
         ratio = round(localized["rank_seconds_recomputed"] / rollback["rank_seconds_recomputed"], 4)
+    if rollback["step_seconds"] and rollback["rank_steps_recomputed"]:
+        # the rollback's first steps after a restart include the pipeline's warm-up waits; this ratio
+        # prices its recomputed steps at the median step time instead (the conservative comparison)
+        steady = round(localized["rank_seconds_recomputed"]
+                       / (rollback["rank_steps_recomputed"] * rollback["step_seconds"]), 4)
     return {"stages": STAGES, "localized": localized, "global_rollback": rollback,
-            "recomputed_ratio": ratio, "target_ratio": round(1 / STAGES, 4),
-            "met": ratio is not None and ratio <= 1 / STAGES}
+            "recomputed_ratio": ratio, "recomputed_ratio_at_median_step": steady,
+            "target_ratio": round(1 / STAGES, 4),
+            "met": ratio is not None and steady is not None and max(ratio, steady) <= 1 / STAGES}
