@@ -92,3 +92,23 @@ def test_a_failure_during_the_replay_falls_back_to_a_global_restore(reference, t
     assert [e["step"] for e in _events(tmp_path, "replay", 1)] == [5], "the replay died before step 6"
     assert _restored_ranks(tmp_path, 2) == {0, 1, 2}, "after the failed replay every rank restores"
     assert summary["digest"] == reference["digest"]
+
+
+def test_a_stage_with_two_replicas_replays_with_its_data_parallel_all_reduce(tmp_path):
+    """Pipeline 2 x data 2: a node loss in stage 0 makes both of its replicas restore and replay
+    together (their gradient all-reduce runs during the replay); stage 1 keeps its state."""
+    def doc(name: str, localized: bool) -> dict:
+        d = job_doc(name)
+        d["spec"]["checkpoint"]["every"] = 4
+        d["spec"]["recovery"]["localizedReplay"] = localized
+        return d
+
+    ref = lifeline_run(write_job(tmp_path / "ref.yaml", doc("dpref", False)), tmp_path / "ref",
+                       "--persist-uri", str(tmp_path / "l2ref"))
+    summary = lifeline_run(write_job(tmp_path / "job.yaml", doc("dploc", True)), tmp_path / "state",
+                           "--persist-uri", str(tmp_path / "l2"), "--inject-failure", "node:rank=1:step=7")
+    (rec,) = summary["recoveries"]
+    assert (rec["action"], rec["tier"], rec["restore_step"]) == ("LocalizedReplay", "L1", 4)
+    assert _restored_ranks(tmp_path, 1) == {0, 1}
+    assert {e["rank"] for e in _events(tmp_path, "keep", 1)} == {2, 3}
+    assert summary["digest"] == ref["digest"]
