@@ -7,7 +7,11 @@
 - :func:`place_replicas` - L1 replica placement (Gemini, SOSP'23 §4).
 - :func:`checkpoint_interval`, :class:`AdaptiveInterval` - how often to checkpoint
   (Young 1974, Daly 2006, CheckFreq FAST'21).
-- :func:`ettr`, :func:`expected_ettr` - effective training time ratio.
+- :func:`ettr`, :func:`expected_ettr` - effective training time ratio; :func:`ettr_at_scale`,
+  :func:`modeled_peers`, :func:`lifeline_costs`, :func:`ettr_table` - ETTR of a large job from
+  each system's costs (CheckFreq, Gemini, MoEvement, ours).
+- :func:`plan_window`, :func:`with_window`, :func:`agree_window`, :func:`needs_replan` -
+  MoEvement's sparse-checkpoint window schedule (NSDI '26 §4, Algorithm 1).
 
 The plan and the values it holds (:class:`RecoveryPlan`, :class:`Failure`, :class:`Holding` ...)
 are wire documents defined in :mod:`lifeline.api.recovery`; they are re-exported here.
@@ -25,7 +29,17 @@ from lifeline.control.engine import (
     SidecarState,
     decide,
 )
-from lifeline.control.ettr import EttrBreakdown, ettr, expected_ettr
+from lifeline.control.ettr import (
+    EttrBreakdown,
+    SystemCosts,
+    ettr,
+    ettr_at_scale,
+    ettr_table,
+    expected_ettr,
+    lifeline_costs,
+    modeled_peers,
+    window_rework_seconds,
+)
 from lifeline.control.failures import (
     EXIT_COLLECTIVE_ERROR,
     CollectiveErrorReported,
@@ -42,8 +56,20 @@ from lifeline.control.placement import node_groups, place_replicas
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
 from lifeline.control.state import ClusterState, JobState, NodeState, UpstreamLog, stage_of
+from lifeline.control.window import (
+    ACTIVE_BYTES_PER_PARAM,
+    Operator,
+    SlotCost,
+    WindowSchedule,
+    agree_window,
+    budget_bytes,
+    needs_replan,
+    plan_window,
+    with_window,
+)
 
 __all__ = [
+    "ACTIVE_BYTES_PER_PARAM",
     "EXIT_COLLECTIVE_ERROR",
     "SETTLE_SECONDS",
     "TIERS",
@@ -62,6 +88,7 @@ __all__ = [
     "NodeCondition",
     "NodeState",
     "Observed",
+    "Operator",
     "PodGone",
     "PodPlacement",
     "Progress",
@@ -73,18 +100,31 @@ __all__ = [
     "Settle",
     "SidecarState",
     "Signal",
+    "SlotCost",
     "StepStalled",
+    "SystemCosts",
     "Tier",
     "UpstreamLog",
+    "WindowSchedule",
+    "agree_window",
+    "budget_bytes",
     "checkpoint_interval",
     "classify",
     "daly_interval",
     "decide",
     "ettr",
+    "ettr_at_scale",
+    "ettr_table",
     "expected_ettr",
+    "lifeline_costs",
+    "modeled_peers",
+    "needs_replan",
     "node_groups",
     "place_replicas",
     "plan_recovery",
+    "plan_window",
     "stage_of",
+    "window_rework_seconds",
+    "with_window",
     "young_interval",
 ]
