@@ -99,6 +99,13 @@ class MoE(nn.Module):
         self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(cfg.d_model, cfg.d_expert) for _ in range(cfg.n_experts))
         self.shared = SwiGLU(cfg.d_model, cfg.d_expert) if cfg.shared_expert else None
+        self.routed = torch.zeros(cfg.n_experts, dtype=torch.int64)
+        """Routing assignments per expert (global expert index) since the last :meth:`reset_routed`:
+        int64 ``(n_experts,)``, counted on this rank's tokens. MoEvement's activation counts."""
+
+    def reset_routed(self) -> None:
+        """Zero :attr:`routed` (the trainer calls it at the start of every step)."""
+        self.routed.zero_()
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x`` ``(n_tokens, d_model)`` → (output ``(n_tokens, d_model)``, scalar load-balancing loss)."""
@@ -110,6 +117,7 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             token, slot = (top_i == e).nonzero(as_tuple=True)
             counts.append(token.numel())
+            self.routed[e] += token.numel()
             if token.numel() == 0:
                 continue
             y = expert(x.index_select(0, token)) * weights[token, slot].unsqueeze(-1)

@@ -179,9 +179,17 @@ class GPTMoETrainer:
         the last completed step. A survivor of a localized recovery calls it instead of restoring."""
         self.optimizer.zero_grad(set_to_none=False)
 
+    def expert_counts(self) -> dict[int, Tensor]:
+        """Routing assignments of the last step per MoE layer of this stage: global layer index →
+        int64 ``(n_experts,)`` (this rank's tokens, forward passes of every micro-batch). The
+        activation counts MoEvement's schedule orders experts by (§4.2)."""
+        return {int(i): block.moe.routed.clone() for i, block in self.model.layers.items()}
+
     def _step(self, source: ReplaySource | None) -> StepResult:
         cfg = self.cfg
         start = time.perf_counter()
+        for block in self.model.layers.values():
+            block.moe.reset_routed()
         it = self.loader.position
         batch = self.loader.batch_at(it).view(cfg.micro_batches, cfg.micro_batch, cfg.seq_len + 1)
         inputs, targets = batch[..., :-1], batch[..., 1:]
