@@ -172,6 +172,34 @@ def test_a_crash_in_one_stage_restores_only_that_stage_and_a_failure_during_the_
     assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restore_ranks == (0, 1, 2, 3)
 
 
+def test_with_sparse_checkpoints_a_failed_stage_restores_its_latest_complete_window():
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["recovery"]["localizedReplay"] = True
+    body["spec"]["checkpoint"]["sparse"] = {"window": 4}
+    spec = load_trainingjob(body).spec
+    holdings = _holdings(memory_steps=(30,), l2_steps=(20,))  # dense copies: step 30
+    # every rank logged (and kept its slots) for steps 33..41: windows 32..35 (slot 32 gone), 36..39
+    logs = tuple(UpstreamLog(r, 33, 41) for r in range(4))
+    crash = classify([ContainerTerminated(3, "n3", "trainer", 137)], node_of_rank=NODE_OF_RANK,
+                     hang_timeout_seconds=300)
+    plan = plan_recovery(_state(holdings, logs=logs), crash, spec, now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY
+    assert (plan.restore_step, plan.replay_to_step) == (36, 41) and plan.restore_ranks == (2, 3)
+    assert "sparse window starting at 36" in plan.reason
+    assert [(s.rank, s.tier) for s in plan.sources] == [(2, "L0"), (3, "L0")]
+    # a node loss: the lost rank's slots come from its L1 peer
+    plan = plan_recovery(_state(holdings, logs=logs), _lost("n3"), spec, now=NOW)
+    assert plan.restore_step == 36 and [(s.rank, s.tier) for s in plan.sources] == [(2, "L0"), (3, "L1")]
+    # no complete window held yet (the failed stage's slots start at 38): the dense copy at 30 is used
+    young = tuple(UpstreamLog(r, 27 if r < 2 else 38, 41) for r in range(4))
+    plan = plan_recovery(_state(holdings, logs=young), crash, spec, now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY and plan.restore_step == 30
+    # a window still being captured (36..39 not finished at step 38) is not restorable
+    early = tuple(UpstreamLog(r, 29, 38) for r in range(4))
+    plan = plan_recovery(_state(holdings, logs=early, step=38), crash, spec, now=NOW)
+    assert plan.restore_step == 32 and plan.replay_to_step == 38
+
+
 def test_gives_up_without_any_verified_copy():
     plan = plan_recovery(_state(_holdings(l2_steps=())), _lost("n2", "n3"), _spec(), now=NOW)
     assert plan.action is RecoveryAction.GIVE_UP and plan.restore_step is None

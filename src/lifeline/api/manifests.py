@@ -209,6 +209,17 @@ def upstream_log_steps(spec: TrainingJobSpec) -> int:
     return max(2, 2 * window)
 
 
+def sparse_window(spec: TrainingJobSpec) -> int:
+    """W of the job's sparse checkpoints (``spec.checkpoint.sparse.window``), or 0 when off.
+
+    Sparse slots live in the sidecars' log store next to the upstream log and serve localized
+    replay, so they are taken only when upstream logging is on (:func:`upstream_log_steps` > 0).
+    """
+    if spec.checkpoint.sparse is None or upstream_log_steps(spec) == 0:
+        return 0
+    return spec.checkpoint.sparse.window
+
+
 def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> list[dict]:
     """The runtime's settings. ``LIFELINE_GENERATION`` is left unset on purpose: the runtime then
     joins the catalog's current generation, which stays right when the kubelet restarts a crashed
@@ -222,6 +233,7 @@ def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> lis
         _env("LIFELINE_STEPS", TrainerSettings, str(spec.steps)),
         _env("LIFELINE_CHECKPOINT_EVERY", TrainerSettings, str(spec.checkpoint.every)),
         _env("LIFELINE_UPSTREAM_LOG_STEPS", TrainerSettings, str(upstream_log_steps(spec))),
+        _env("LIFELINE_SPARSE_WINDOW", TrainerSettings, str(sparse_window(spec))),
         _env("LIFELINE_MODEL", TrainerSettings, json.dumps(model, sort_keys=True)),
         _env("LIFELINE_BACKPRESSURE", TrainerSettings, spec.checkpoint.backpressure),
         _env("LIFELINE_PERSIST_URI", TrainerSettings, persist.uri if persist else ""),

@@ -224,6 +224,8 @@ class TrainerSettings(PodSettings):
     * ``LIFELINE_CHECKPOINT_EVERY`` — steps between checkpoints. Default 1.
     * ``LIFELINE_UPSTREAM_LOG_STEPS`` — upstream logging for localized replay: keep the tensors this
       rank sends across pipeline boundaries for this many steps (two windows). Default 0: off.
+    * ``LIFELINE_SPARSE_WINDOW`` — sparse expert checkpoints (MoEvement): W, the steps of a window;
+      each step's slot goes to the sidecar's log store with the upstream log. Default 0: off.
     * ``LIFELINE_CHECKPOINT_URI`` — checkpoint to storage directly (``file:///path``, a path or
       ``s3://bucket/prefix``) instead of through the sidecar. Default empty (the sidecar).
     * ``LIFELINE_MODEL`` — JSON overrides of the reference model's config fields. Default ``{}``.
@@ -246,6 +248,7 @@ class TrainerSettings(PodSettings):
     steps: int = Field(default=100, ge=0)
     checkpoint_every: int = Field(default=1, ge=1)
     upstream_log_steps: int = Field(default=0, ge=0)
+    sparse_window: int = Field(default=0, ge=0)
     checkpoint_uri: str = ""
     model: dict[str, Any] = Field(default_factory=dict)
     rendezvous_timeout_seconds: float = Field(default=300.0, gt=0)

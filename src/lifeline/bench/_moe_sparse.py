@@ -4,7 +4,7 @@ For each expert count the reference GPT-MoE model (one stage holding every layer
 steps on CPU; the router's top-k choices are counted per expert (the activation counts MoEvement
 orders operators by). The per-step budget is MoEvement's: measured step time × measured copy
 bandwidth into a preallocated buffer (the sidecar arena's one memcpy). ``plan_window``
-(:mod:`lifeline.control.window`) then chooses the operators per slot and the window W.
+(:mod:`lifeline.checkpoint`) then chooses the operators per slot and the window W.
 
 Measured per step: dense — the whole state (fp32 weights + both AdamW moments + step counts) copied
 into the buffer; sparse — each slot's ACTIVE operators (weights + moments) and FROZEN operators
@@ -52,7 +52,7 @@ def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int =
 
 def _one(experts: int, steps: int) -> dict[str, Any]:
     from lifeline.checkpoint import Layout
-    from lifeline.control.window import Operator, budget_bytes, plan_window
+    from lifeline.checkpoint import Operator, budget_bytes, plan_window
     from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
 
     deterministic_cpu()

@@ -4,7 +4,7 @@ One JSON object, every peer measured in the same run:
 
 * ``checkpoint`` — per expert count (8, 32, 64 per layer): bytes and copy stall per step, dense vs
   sparse at the same per-step budget (:mod:`lifeline.bench._moe_sparse`; the sparse slots are those
-  :func:`lifeline.control.window.plan_window` chooses, copied as the sidecar's memcpy would).
+  :func:`lifeline.checkpoint.plan_window` chooses, copied as the sidecar's memcpy would).
 * ``recovery`` — one failed pipeline stage, localized replay vs global rollback from the same
   checkpoint, with ``lifeline run`` (:mod:`lifeline.bench._moe_recovery`): time to the failure step,
   rank-seconds recomputed, upstream-log bytes and seconds per step.

@@ -30,7 +30,11 @@ for _module, _names in {
     "_keys": ["step_prefix", "blob_key", "manifest_key"],
     "_checkpoint": ["save_blob", "persist_shard", "persist_state", "commit", "save", "save_states", "list_steps",
                     "read_manifest", "load_shard", "load", "consolidate", "delete_step", "verify_checkpoint"],
+    "_blob": ["read_shard"],
+    "_slot": ["SlotRecord", "OperatorMembers", "slot_entries", "pack_slot", "unpack_slot"],
     "_shard": ["shard_state", "local_shape"],
+    "_window": ["ACTIVE_BYTES_PER_PARAM", "Operator", "SlotCost", "WindowSchedule", "agree_window", "budget_bytes",
+                "needs_replan", "plan_window", "with_window"],
     "_state": ["Stateful", "pack_rng_state", "restore_rng_state", "stateful_entries", "load_stateful"],
 }.items():
     for _name in _names:

@@ -10,8 +10,8 @@
 - :func:`ettr`, :func:`expected_ettr` - effective training time ratio; :func:`ettr_at_scale`,
   :func:`modeled_peers`, :func:`lifeline_costs`, :func:`ettr_table` - ETTR of a large job from
   each system's costs (CheckFreq, Gemini, MoEvement, ours).
-- :func:`plan_window`, :func:`with_window`, :func:`agree_window`, :func:`needs_replan` -
-  MoEvement's sparse-checkpoint window schedule (NSDI '26 §4, Algorithm 1).
+- The sparse-checkpoint window schedule is planned by every rank from its own activation counts
+  and step time: it lives in :mod:`lifeline.checkpoint` (docs/control.md says why).
 
 The plan and the values it holds (:class:`RecoveryPlan`, :class:`Failure`, :class:`Holding` ...)
 are wire documents defined in :mod:`lifeline.api.recovery`; they are re-exported here.
@@ -56,20 +56,8 @@ from lifeline.control.placement import node_groups, place_replicas
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
 from lifeline.control.state import ClusterState, JobState, NodeState, UpstreamLog, stage_of
-from lifeline.control.window import (
-    ACTIVE_BYTES_PER_PARAM,
-    Operator,
-    SlotCost,
-    WindowSchedule,
-    agree_window,
-    budget_bytes,
-    needs_replan,
-    plan_window,
-    with_window,
-)
 
 __all__ = [
-    "ACTIVE_BYTES_PER_PARAM",
     "EXIT_COLLECTIVE_ERROR",
     "SETTLE_SECONDS",
     "TIERS",
@@ -88,7 +76,6 @@ __all__ = [
     "NodeCondition",
     "NodeState",
     "Observed",
-    "Operator",
     "PodGone",
     "PodPlacement",
     "Progress",
@@ -100,14 +87,10 @@ __all__ = [
     "Settle",
     "SidecarState",
     "Signal",
-    "SlotCost",
     "StepStalled",
     "SystemCosts",
     "Tier",
     "UpstreamLog",
-    "WindowSchedule",
-    "agree_window",
-    "budget_bytes",
     "checkpoint_interval",
     "classify",
     "daly_interval",
@@ -118,13 +101,10 @@ __all__ = [
     "expected_ettr",
     "lifeline_costs",
     "modeled_peers",
-    "needs_replan",
     "node_groups",
     "place_replicas",
     "plan_recovery",
-    "plan_window",
     "stage_of",
     "window_rework_seconds",
-    "with_window",
     "young_interval",
 ]

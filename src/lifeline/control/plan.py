@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 
 from lifeline.api.recovery import TIERS, Failure, FailureKind, Holding, PodPlacement, RecoveryPlan, RestoreSource, Tier
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
-from lifeline.control.state import JobState, stage_of
+from lifeline.control.state import JobState, UpstreamLog, stage_of
 from lifeline.errors import RecoveryError
 
 __all__ = ["RestoreSource", "PodPlacement", "RecoveryPlan", "plan_recovery"]
@@ -120,13 +120,14 @@ def plan_recovery(
         )
 
     usable = _usable(state, lost)
-    replay = _localized_replay(state, spec, lost | restart, usable, hang)
+    replay = _localized_replay(state, spec, lost | restart, usable, hang, lost)
     if replay is not None:
         step, src, ranks, stage = replay
+        copy = "the sparse window starting at" if _window_chosen(state, spec, ranks, step) else "step"
         steps = f"replay steps {step + 1}..{state.step} from the upstream logs of stages {stage - 1} and " \
                 f"{stage + 1}" if step < state.step else "replay nothing (the copy is of the current step)"
         return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
-                    f"only stage {stage} failed: ranks {list(ranks)} restore step {step} ({_farthest(src)}) and "
+                    f"only stage {stage} failed: ranks {list(ranks)} restore {copy} {step} ({_farthest(src)}) and "
                     f"{steps}; the other stages keep their state", replay_to=state.step)
     mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
     any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
@@ -214,13 +215,14 @@ def _place(
 
 
 def _localized_replay(
-    state: JobState, spec: TrainingJobSpec, failed: set[int], usable: dict, hang: bool
+    state: JobState, spec: TrainingJobSpec, failed: set[int], usable: dict, hang: bool, lost: set[int] = frozenset()
 ) -> tuple[int, dict[int, RestoreSource], tuple[int, ...], int] | None:
     """``(step, sources, replay ranks, stage)`` when one stage can restore and replay alone: the
     failed ranks all sit in one stage, its ranks (the stage's replica group) hold a copy of a common
-    step, and every neighbour of every one of them logged the steps from there to the current one.
-    Never while a localized replay is under way (a failure during one falls back to the ladder's
-    global rungs)."""
+    step — a dense checkpoint, or with sparse checkpoints the start of a complete window
+    (:func:`_latest_window`), whichever is later — and every neighbour of every one of them logged
+    the steps from there to the current one. Never while a localized replay is under way (a
+    failure during one falls back to the ladder's global rungs)."""
     layout = state.layout
     if not spec.recovery.localized_replay or layout.pipeline < 2 or hang or not failed:
         return None
@@ -232,15 +234,44 @@ def _localized_replay(
     stage = stages.pop()
     ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
     step, sources = _latest_covered(ranks, usable, TIERS, state.step)
+    logs = {log.rank: log for log in state.upstream_logs}
+    window = _latest_window(ranks, logs, spec, state.step)
+    if window is not None and (step is None or window > step):
+        step = window  # slots live in the log store: the lost ranks' copies are their L1 peers'
+        sources = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in ranks}
     if step is None:
         return None
-    logs = {log.rank: log for log in state.upstream_logs}
     for rank in ranks:
         for neighbour in _neighbours(rank, layout):
             log = logs.get(neighbour)
             if step < state.step and (log is None or not log.covers(step + 1, state.step)):
                 return None
     return step, sources, ranks, stage
+
+
+def _latest_window(ranks: Sequence[int], logs: dict[int, UpstreamLog], spec: TrainingJobSpec, step: int
+                   ) -> int | None:
+    """The start of the latest sparse window (MoEvement §4) whose W slots every rank of ``ranks``
+    still holds, ending at or before ``step``; ``None`` without sparse checkpoints or such a window.
+
+    A rank's slots are kept with its upstream log (steps ``first_step``..``last_step`` of its
+    coverage); windows start at multiples of W and the one at step 0 has no slot 0 (the initial
+    state is not captured)."""
+    sparse = spec.checkpoint.sparse
+    if sparse is None or any(r not in logs for r in ranks):
+        return None
+    w = sparse.window
+    first = max(logs[r].first_step for r in ranks)
+    last = min(min(logs[r].last_step for r in ranks), step)
+    start = (last + 1) // w * w - w  # the latest window whose last slot (start + W - 1) <= last
+    if start < max(first, w):
+        return None
+    return start
+
+
+def _window_chosen(state: JobState, spec: TrainingJobSpec, ranks: Sequence[int], step: int) -> bool:
+    logs = {log.rank: log for log in state.upstream_logs}
+    return _latest_window(ranks, logs, spec, state.step) == step
 
 
 def _neighbours(rank: int, layout: LayoutSpec) -> tuple[int, ...]:

@@ -103,12 +103,16 @@ class UpstreamLog:
         out.view(-1).view(torch.uint8).copy_(torch.frombuffer(data, dtype=torch.uint8))
 
 
-def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any, log: UpstreamLog | None) -> Any:
+def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any, log: UpstreamLog | None,
+                       sparse: Any = None) -> Any:
     """Apply a ``LocalizedReplay`` plan in this rank after joining its generation; returns the trainer.
 
-    * A rank in ``plan.restore_ranks``: ``restore(plan.restore_step)`` (the caller's restore, which
-      reports it), then ``trainer.replay_step(log)`` until ``plan.replay_to_step``, reporting a
-      ``replay`` event per step and one ``replayed`` event; then it arrives at the waypoint.
+    * A rank in ``plan.restore_ranks``: with ``sparse`` (its :class:`~lifeline.runtime._sparse.SparseWindows`)
+      and a plan step that starts a window whose slot 0 it can fetch, it loads that slot (a
+      ``restore`` event with ``source: "window"``) and applies each later slot of the window after
+      replaying its step; otherwise ``restore(plan.restore_step)`` (the caller's dense restore,
+      which reports it). Then ``trainer.replay_step(log)`` until ``plan.replay_to_step``, reporting
+      a ``replay`` event per step and one ``replayed`` event; then it arrives at the waypoint.
     * Any other rank: drops its partial step (``abandon_step``) and waits, without restoring, for
       every replaying rank to arrive (a store wait bounded by the recovery timeout).
 
@@ -120,7 +124,9 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
     """
     target = plan.replay_to_step if plan.replay_to_step is not None else plan.restore_step
     if ctx.rank in plan.restore_ranks:
-        trainer = restore(plan.restore_step)
+        window = _restore_window(ctx, trainer, plan, sparse)
+        if window is None:
+            trainer = restore(plan.restore_step)
         if log is None:
             raise RecoveryError("a LocalizedReplay plan reached a rank without upstream logging "
                                 "(LIFELINE_UPSTREAM_LOG_STEPS=0)", job=ctx.job, rank=ctx.rank)
@@ -131,6 +137,8 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
             _fault_point(ctx.rank, trainer.step + 1)
             t0 = time.perf_counter()
             result = trainer.replay_step(log)
+            if window is not None:
+                sparse.apply(result.step, window, trainer)
             log.step_done(result.step)
             ctx.report("replay", step=result.step, loss=result.loss,
                        seconds=round(time.perf_counter() - t0, 6))
@@ -147,6 +155,23 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
     ctx.await_count(_REPLAYED, len(plan.restore_ranks))
     ctx.report("waited", record=False, step=trainer.step, seconds=round(time.perf_counter() - start, 6))
     return trainer
+
+
+def _restore_window(ctx: Any, trainer: Any, plan: RecoveryPlan, sparse: Any) -> int | None:
+    """Load slot 0 of the window starting at the plan's step when there is one; returns its start,
+    or ``None`` (no sparse checkpoints, not a window start, or the slot is gone: restore densely)."""
+    step = plan.restore_step
+    if sparse is None or not step or step % sparse.window:
+        return None
+    start = time.perf_counter()
+    try:
+        sparse.restore(step, trainer)
+    except LifelineError as err:  # gone or corrupt: the dense copy of that step, if any, is restored
+        ctx.report("window_unavailable", record=False, step=step, error=f"{type(err).__name__}: {err}"[:300])
+        return None
+    ctx.report("restore", step=step, source="window", window=sparse.window,
+               seconds=round(time.perf_counter() - start, 6))
+    return step
 
 
 FAULT_ENV = "LIFELINE_FAULT_IN_REPLAY"

@@ -19,6 +19,7 @@ from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery
+from lifeline.runtime._sparse import SparseWindows
 
 __all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
 
@@ -106,6 +107,15 @@ def _upstream_log(ctx: RuntimeContext, checkpointer: Checkpointer) -> UpstreamLo
     return UpstreamLog(lambda: checkpointer.client, ctx.catalog, ctx.rank, ctx.layout.coords(ctx.rank).pipeline, keep)
 
 
+def _sparse_windows(ctx: RuntimeContext, checkpointer: Checkpointer, log: UpstreamLog | None) -> SparseWindows | None:
+    """The rank's sparse checkpoints when ``LIFELINE_SPARSE_WINDOW`` > 0 (they live beside the upstream log)."""
+    window = getattr(ctx.settings, "sparse_window", 0)
+    if window <= 0 or log is None:
+        return None
+    return SparseWindows(lambda: checkpointer.client, job=ctx.job, layout=ctx.layout, rank=ctx.rank,
+                         rules=checkpointer.rules, stage=ctx.layout.coords(ctx.rank).pipeline, window=window)
+
+
 def _attach(trainer: Trainable, log: UpstreamLog | None) -> Trainable:
     if log is not None and hasattr(trainer, "log"):
         trainer.log = log
@@ -113,7 +123,8 @@ def _attach(trainer: Trainable, log: UpstreamLog | None) -> Trainable:
 
 
 def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
-           plan: RecoveryPlan, log: UpstreamLog | None) -> tuple[Trainable, int | None]:
+           plan: RecoveryPlan, log: UpstreamLog | None, sparse: SparseWindows | None = None
+           ) -> tuple[Trainable, int | None]:
     """Restore what ``plan`` says on the joined generation: its step (every rank), or under
     ``LocalizedReplay`` only the failed stage's ranks, which then replay (:func:`localized_recovery`).
     Returns the trainer and the step restored (``None``: this rank kept its state)."""
@@ -121,7 +132,8 @@ def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointe
         def restore(step: int | None) -> Trainable:
             return _attach(_restore(ctx, spec, trainer, checkpointer, step), log)
         kept = ctx.rank not in plan.restore_ranks
-        return localized_recovery(ctx, trainer, plan, restore, log), None if kept else plan.restore_step or 0
+        trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse)
+        return trainer, None if kept else plan.restore_step or 0
     trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
     if log is not None:
         log.restart_at(trainer.step)
@@ -136,7 +148,8 @@ def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
 
 
 def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
-             checkpointer: Checkpointer, log: UpstreamLog | None) -> tuple[Trainable, int | None]:
+             checkpointer: Checkpointer, log: UpstreamLog | None, sparse: SparseWindows | None = None
+             ) -> tuple[Trainable, int | None]:
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
     peers keep failing. Returns the trainer and the restored step (0: initial state; ``None``: a
     localized replay in another stage, this rank kept its state)."""
@@ -154,7 +167,7 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
                 plan = ctx.plan(generation) or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
-            return _apply(ctx, spec, trainer, checkpointer, plan, log)
+            return _apply(ctx, spec, trainer, checkpointer, plan, log, sparse)
         except Exception as err:  # noqa: BLE001
             if not is_collective_error(err):
                 raise
@@ -183,12 +196,13 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     trainer = model_spec.build(ctx.layout, ctx.rank)
     built = time.perf_counter() - built
     log = _upstream_log(ctx, checkpointer)
+    sparse = _sparse_windows(ctx, checkpointer, log)
     _attach(trainer, log)
     _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
     if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
-        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log)
+        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse)
         if step is not None and plan.restore_step is not None:
             restored.append(step)
     elif plan is None and (start_step := checkpointer.latest_step()) is not None:
@@ -205,9 +219,12 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             result = trainer.train_step()
             last_loss = result.loss
             logged = {}
+            if sparse is not None:  # the slot first: the log's coverage record then covers it too
+                sparse.capture(result.step, trainer, result.seconds)
+                logged.update(sparse.take_counts())
             if log is not None:
                 log.step_done(result.step)
-                logged = log.take_counts()
+                logged.update(log.take_counts())
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
                        seconds=round(result.seconds, 6), **logged,
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
@@ -227,7 +244,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         # collective, whose locals reference this generation's process groups; while it lives, their
         # gloo sockets stay open and peers blocked on this rank wait out their collective timeout.
         ctx.report("failure", step=trainer.step, error=failed)
-        trainer, step = _recover(ctx, model_spec, trainer, checkpointer, log)
+        trainer, step = _recover(ctx, model_spec, trainer, checkpointer, log, sparse)
         if step is not None:
             restored.append(step)
     ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)

@@ -8,7 +8,7 @@ from lifeline.errors import ConfigError
 
 __all__ = ["LogKey", "DIRECTIONS"]
 
-DIRECTIONS = ("fwd", "bwd", "norm")
+DIRECTIONS = ("fwd", "bwd", "norm", "slot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,9 @@ class LogKey:
         micro_batch: micro-batch index within the iteration, >= 0.
         stage: pipeline stage that sent the tensor, >= 0.
         direction: ``"fwd"`` (activation sent to stage+1), ``"bwd"`` (gradient sent to stage-1) or
-            ``"norm"`` (the world's gradient sums of squares of the iteration, micro-batch 0).
+            ``"norm"`` (the world's gradient sums of squares of the iteration, micro-batch 0) or
+            ``"slot"`` (the rank's sparse-checkpoint slot of step ``iteration``, micro-batch 0;
+            see :mod:`lifeline.checkpoint`'s slot format).
     """
 
     iteration: int

@@ -18,6 +18,7 @@ from lifeline.checkpoint import Layout, PatternRules
 from lifeline.errors import ConfigError, RecoveryError
 from lifeline.models.gpt_moe._config import GPTMoEConfig
 from lifeline.models.gpt_moe._data import StdlibLoader, stdlib_corpus
+from lifeline.models.gpt_moe._operators import expert_operator, stage_operators
 from lifeline.models.gpt_moe._patterns import pattern_rules
 from lifeline.models.gpt_moe._schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
 from lifeline.models.gpt_moe._stage import GPTMoEStage
@@ -184,6 +185,17 @@ class GPTMoETrainer:
         int64 ``(n_experts,)`` (this rank's tokens, forward passes of every micro-batch). The
         activation counts MoEvement's schedule orders experts by (§4.2)."""
         return {int(i): block.moe.routed.clone() for i, block in self.model.layers.items()}
+
+    def expert_activations(self) -> dict[str, int]:
+        """Tokens routed to each expert operator of this stage in the last step (this rank's tokens)."""
+        return {expert_operator(layer, e): int(n) for layer, c in self.expert_counts().items()
+                for e, n in enumerate(c.tolist())}
+
+    def sparse_operators(self, activations: Mapping[str, int] | None = None):
+        """The stage's MoEvement operators and each one's state entries (see
+        :func:`~lifeline.models.gpt_moe._operators.stage_operators`): ``(list[Operator],
+        dict[name, OperatorMembers])``; ``activations`` are the experts' routed tokens."""
+        return stage_operators(dict(self.model.named_parameters()), activations)
 
     def _step(self, source: ReplaySource | None) -> StepResult:
         cfg = self.cfg

@@ -1,4 +1,4 @@
-"""MoEvement's sparse-checkpoint window schedule (lifeline.control.window)."""
+"""MoEvement's sparse-checkpoint window schedule (lifeline.checkpoint, planned in every rank)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifeline.control import (
+from lifeline.checkpoint import (
     Operator,
     SlotCost,
     WindowSchedule,

@@ -24,8 +24,21 @@ from functools import cached_property
 from itertools import accumulate
 from typing import Literal
 
-from lifeline.control._checks import integer, positive
 from lifeline.errors import ConfigError
+
+
+def integer(field: str, value: int, minimum: int = 0) -> int:
+    """``value`` when it is an integer >= ``minimum`` (else :class:`ConfigError` naming ``field``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{field} must be an integer >= {minimum}, got {value!r}", field=field)
+    return value
+
+
+def positive(field: str, value: float) -> float:
+    """``value`` as a float when it is a finite number > 0 (else :class:`ConfigError`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{field} must be a positive finite number, got {value!r}", field=field)
+    return float(value)
 
 __all__ = [
     "ACTIVE_BYTES_PER_PARAM",

@@ -1,0 +1,114 @@
+"""Sparse expert checkpoints (MoEvement §4): slots, window restore and sparse-to-dense conversion.
+
+The sidecar's log store is replaced by a dict here (a unit-test double); the real store is
+exercised end to end by tests/launch/test_localized_replay.py's sparse case.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lifeline.checkpoint import Layout, SlotRecord, unpack_slot
+from lifeline.errors import ChecksumError, RecoveryError
+from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
+from lifeline.runtime._sparse import SparseWindows
+
+W = 3
+
+
+class LogStoreDouble:
+    """``put_log`` / ``get_log`` of a sidecar client, in memory."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+    def put_log(self, key, data) -> None:
+        self.entries[key] = bytearray(data)
+
+    def get_log(self, key, rank=None) -> bytearray:
+        return bytearray(self.entries[key])
+
+
+def snapshot(state) -> dict:
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else bytes(v) for k, v in state.items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert bytes(a[k]) == bytes(b[k]), k
+
+
+@pytest.fixture(scope="module")
+def run():
+    """Eight steps with a slot captured after each, and the dense state of every step."""
+    deterministic_cpu()
+    cfg = GPTMoEConfig(n_experts=4, corpus_bytes=1 << 16)
+    trainer = GPTMoETrainer(cfg, Layout(), 0)
+    trainer.connect()
+    store = LogStoreDouble()
+    windows = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
+    dense, sizes = {}, {}
+    for _ in range(8):
+        result = trainer.train_step()
+        sizes[result.step] = windows.capture(result.step, trainer, result.seconds)
+        dense[result.step] = snapshot(trainer.state())
+    return cfg, store, windows, dense, sizes
+
+
+def fresh(cfg) -> GPTMoETrainer:
+    trainer = GPTMoETrainer(cfg, Layout(), 0)
+    trainer.connect()
+    return trainer
+
+
+def test_a_window_converts_to_the_dense_checkpoint_bit_for_bit(run):
+    cfg, store, windows, dense, _ = run
+    trainer = fresh(cfg)
+    record = windows.restore(3, trainer)
+    assert (record.start, record.index, trainer.step) == (3, 0, 3)
+    while trainer.step < 8:
+        result = trainer.train_step()
+        windows.apply(result.step, 3, trainer)
+        if result.step >= 3 + W - 1:  # the window is whole from its last slot on
+            assert_same(snapshot(trainer.state()), dense[result.step])
+    assert trainer.step == 8
+
+
+def test_slots_capture_each_operator_active_once_and_cost_less_than_dense(run):
+    cfg, store, windows, dense, sizes = run
+    records = []
+    for step in (3, 4, 5):
+        data = store.entries[next(k for k in store.entries if k.iteration == step)]
+        target = snapshot(dense[step])
+        records.append(unpack_slot(data, target, layout=Layout(), rank=0, rules=fresh(cfg).rules))
+    active = [op for r in records for op in r.active]
+    ops, _ = fresh(cfg).sparse_operators()
+    assert sorted(active) == sorted(op.name for op in ops) and len(active) == len(set(active))
+    assert records[0].frozen == tuple(records[1].active + records[2].active)  # later slots are FROZEN
+    assert records[2].frozen == ()
+    assert active[-3:] == ["layers.0.moe.router", "layers.1.moe.router", "dense"]  # routers, then dense, last
+    assert all(op.startswith("layers.") and ".experts." in op for op in active[:-3])
+    dense_bytes = sum(v.numel() * v.element_size() for v in dense[3].values() if isinstance(v, torch.Tensor))
+    assert max(sizes[s] for s in (3, 4, 5)) < dense_bytes
+
+
+def test_a_corrupt_slot_is_refused_and_a_step_inside_a_window_is_not_a_start(run):
+    cfg, store, windows, _, _ = run
+    with pytest.raises(RecoveryError):
+        windows.restore(4, fresh(cfg))
+    key = next(k for k in store.entries if k.iteration == 6)
+    store.entries[key][-1] ^= 0xFF
+    with pytest.raises(ChecksumError):
+        windows.restore(6, fresh(cfg))
+
+
+def test_slot_record_validation():
+    with pytest.raises(Exception, match="window"):
+        SlotRecord(start=4, window=3, index=0, active=("a",), frozen=())
+    with pytest.raises(Exception, match="both active and frozen"):
+        SlotRecord(start=3, window=3, index=0, active=("a",), frozen=("a",))
