@@ -60,8 +60,15 @@ def test_example_is_accepted_and_defaulted(devcluster, crd, namespace):
     job = load_trainingjob(stored)  # what the API server stores, the Python models read
     assert job.spec == load_trainingjob(EXAMPLE).spec
     table = devcluster.kubectl("get", "tj", "-n", namespace)
-    assert table.split()[:6] == ["NAME", "PHASE", "STEP", "COMPLETE", "RESTARTS", "AGE"]
+    assert table.split()[:7] == ["NAME", "PHASE", "STEP", "COMPLETE", "RESTARTS", "RECOVERY", "AGE"]
     assert "gpt-moe" in table
+    # the rung of the latest recovery shows in its column
+    record = {"generation": 1, "kind": "LocalizedReplay", "startedAt": "2026-01-01T00:00:00Z"}
+    devcluster.kubectl("patch", "trainingjob", "gpt-moe", "-n", namespace, "--subresource=status", "--type=merge",
+                       "-p", json.dumps({"status": {"phase": "Running", "recoveries": [
+                           {**record, "kind": "RestartInPlace", "generation": 0}, record]}}))
+    row = devcluster.kubectl("get", "tj", "gpt-moe", "-n", namespace, "--no-headers").split()
+    assert row[-2] == "LocalizedReplay" and "RestartInPlace" not in row, row  # the newest record, before AGE
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,8 @@ _PRINTER_COLUMNS = [
     {"name": "Complete", "type": "integer", "jsonPath": ".status.completeStep",
      "description": "Latest complete checkpoint step."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Recoveries performed."},
+    {"name": "Recovery", "type": "string", "jsonPath": ".status.recoveries[-1:].kind",
+     "description": "The ladder rung of the latest recovery (e.g. LocalizedReplay)."},
     {"name": "Generation", "type": "integer", "jsonPath": ".status.generation", "priority": 1,
      "description": "Process-group generation."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1, "description": "World size."},

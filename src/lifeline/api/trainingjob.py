@@ -166,9 +166,14 @@ class PersistSpec(WireModel):
 
 
 class SparseSpec(WireModel):
-    """Sparse expert checkpointing (after MoEvement): each checkpoint holds a subset of experts."""
+    """Sparse expert checkpointing (after MoEvement): each step captures a slot of the operators."""
 
-    window: int = Field(1, ge=1, description="Steps over which the sparse checkpoints cover every expert.")
+    window: int = Field(
+        1, ge=1,
+        description="W: steps over which the sparse checkpoints capture every operator (expert, router, "
+        "the rest) once with its optimizer state. Slots are kept in the sidecars' memory with the "
+        "upstream log and serve recovery.localizedReplay (needed for them to be taken).",
+    )
 
 
 class CheckpointSpec(WireModel):

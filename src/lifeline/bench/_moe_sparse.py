@@ -6,14 +6,18 @@ orders operators by). The per-step budget is MoEvement's: measured step time × 
 bandwidth into a preallocated buffer (the sidecar arena's one memcpy). ``plan_window``
 (:mod:`lifeline.checkpoint`) then chooses the operators per slot and the window W.
 
-Measured per step: dense — the whole state (fp32 weights + both AdamW moments + step counts) copied
-into the buffer; sparse — each slot's ACTIVE operators (weights + moments) and FROZEN operators
-(weights) copied into the buffer, averaged over the window's slots, and its worst slot.
+Measured per step: dense — the whole state (fp32 weights + both AdamW moments) copied into the
+buffer; sparse — each slot's ACTIVE operators (weights + moments) and FROZEN operators (weights)
+copied into the buffer, averaged over the window's slots, and its worst slot. Operators, their
+members and activation counts are the trainer's own (``sparse_operators``, ``expert_activations``:
+what the runtime's sparse checkpoints capture). On CPU the measured budget (a slow step, a fast
+memcpy) fits the whole state in one slot (W = 1); ``by_window`` shows the bytes at larger W.
+With fp32 compute weights a FROZEN operator costs 4 of an ACTIVE one's 12 B/param, so the mean
+slot tends to 2 + 12/W B/param x params for large W: the reduction is bounded by 6x.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from typing import Any
@@ -21,20 +25,6 @@ from typing import Any
 import torch
 
 __all__ = ["checkpoint_rows"]
-
-_EXPERT = re.compile(r"^layers\.(\d+)\.moe\.experts\.(\d+)\.")
-_ROUTER = re.compile(r"^layers\.(\d+)\.moe\.router\.")
-
-
-def _operator_of(fqn: str) -> tuple[str, str, int | None]:
-    m = _EXPERT.match(fqn)
-    if m:
-        return f"layers.{m[1]}.experts.{m[2]}", "expert", int(m[1])
-    m = _ROUTER.match(fqn)
-    if m:
-        return f"layers.{m[1]}.router", "router", int(m[1])
-    return "dense", "dense", None
-
 
 def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int = 3) -> float:
     """Median seconds to copy ``tensors`` back to back into ``buf`` (uint8)."""
@@ -50,9 +40,8 @@ def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int =
     return statistics.median(times)
 
 
-def _one(experts: int, steps: int) -> dict[str, Any]:
-    from lifeline.checkpoint import Layout
-    from lifeline.checkpoint import Operator, budget_bytes, plan_window
+def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
+    from lifeline.checkpoint import Layout, budget_bytes, plan_window, with_window
     from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
 
     deterministic_cpu()
@@ -61,61 +50,52 @@ def _one(experts: int, steps: int) -> dict[str, Any]:
     trainer = GPTMoETrainer(cfg, Layout(), 0)
     trainer.connect()
     counts: dict[str, int] = {}
-
-    def hook(name: str):
-        def count(_module, _inp, logits):
-            top = torch.softmax(logits, -1).topk(cfg.top_k, dim=-1).indices.reshape(-1)
-            for e, n in enumerate(torch.bincount(top, minlength=experts).tolist()):
-                key = f"{name}.experts.{e}"
-                counts[key] = counts.get(key, 0) + n
-        return count
-
-    for fqn, module in trainer.model.named_modules():
-        if fqn.endswith("moe.router"):
-            module.register_forward_hook(hook(fqn.removesuffix(".moe.router")))
-    step_times = [trainer.train_step().seconds for _ in range(steps)][1:]
-    step_seconds = statistics.median(step_times)
-
-    params = dict(trainer.model.named_parameters())
-    opt = trainer.optimizer.state
-    full: dict[str, list[torch.Tensor]] = {}
-    weights: dict[str, list[torch.Tensor]] = {}
-    sizes: dict[str, int] = {}
-    kinds: dict[str, tuple[str, int | None]] = {}
-    for fqn, p in params.items():
-        op, kind, layer = _operator_of(fqn)
-        kinds[op] = (kind, layer)
-        sizes[op] = sizes.get(op, 0) + p.numel()
-        weights.setdefault(op, []).append(p.detach())
-        full.setdefault(op, []).extend([p.detach(), opt[p]["exp_avg"], opt[p]["exp_avg_sq"]])
+    step_times = []
+    for _ in range(steps):
+        step_times.append(trainer.train_step().seconds)
+        for name, n in trainer.expert_activations().items():  # MoEvement's activation counts
+            counts[name] = counts.get(name, 0) + n
+    step_seconds = statistics.median(step_times[1:])
+    operators, members = trainer.sparse_operators(counts)
+    state = trainer.state()
+    full = {op: [state[n] for n in (*m.weights, *m.optimizer) if not n.startswith("optim.step.")]
+            for op, m in members.items()}
+    weights = {op: [state[n] for n in m.weights] for op, m in members.items()}
     dense = [t for ts in full.values() for t in ts]
     dense_bytes = sum(t.numel() * t.element_size() for t in dense)
     buf = torch.empty(dense_bytes, dtype=torch.uint8)
     _copy_seconds(dense, buf, 1)  # fault the buffer's pages in
     dense_seconds = _copy_seconds(dense, buf)
     bandwidth = dense_bytes / dense_seconds
-    operators = [Operator(name, sizes[name], kinds[name][0], kinds[name][1], counts.get(name, 0))
-                 for name in sorted(sizes)]
     budget = budget_bytes(step_seconds, bandwidth)
-    schedule = plan_window(operators, budget_bytes=budget)
-    slot_bytes, slot_seconds = [], []
-    for i in range(schedule.window):
-        tensors = [t for name in schedule.slots[i] for t in full[name]]
-        tensors += [t for name in schedule.frozen(i) for t in weights[name]]
-        slot_bytes.append(sum(t.numel() * t.element_size() for t in tensors))
-        slot_seconds.append(_copy_seconds(tensors, buf))
-    mean_bytes = statistics.mean(slot_bytes)
+    measured = plan_window(operators, budget_bytes=budget)
+
+    def sparse(schedule) -> dict[str, Any]:
+        slot_bytes, slot_seconds = [], []
+        for i in range(schedule.window):
+            tensors = [t for name in schedule.slots[i] for t in full[name]]
+            tensors += [t for name in schedule.frozen(i) for t in weights[name]]
+            slot_bytes.append(sum(t.numel() * t.element_size() for t in tensors))
+            slot_seconds.append(_copy_seconds(tensors, buf))
+        mean_bytes = statistics.mean(slot_bytes)
+        return {"window": schedule.window, "sparse_bytes_per_step": round(mean_bytes),
+                "sparse_max_slot_bytes": max(slot_bytes), "sparse_stall_seconds": round(statistics.mean(slot_seconds), 6),
+                "bytes_reduction": round(dense_bytes / mean_bytes, 2)}
+
+    unbounded = plan_window(operators, budget_bytes=1 << 62)
     return {
-        "experts_per_layer": experts, "operators": len(operators), "window": schedule.window,
+        "experts_per_layer": experts, "operators": len(operators),
         "step_seconds": round(step_seconds, 6), "copy_bytes_per_second": round(bandwidth),
-        "budget_bytes": budget, "over_budget": getattr(schedule, "over_budget", None),
+        "budget_bytes": budget, "over_budget": measured.over_budget,
         "dense_bytes_per_step": dense_bytes, "dense_stall_seconds": round(dense_seconds, 6),
-        "sparse_bytes_per_step": round(mean_bytes), "sparse_max_slot_bytes": max(slot_bytes),
-        "sparse_stall_seconds": round(statistics.mean(slot_seconds), 6),
-        "bytes_reduction": round(dense_bytes / mean_bytes, 2),
+        **sparse(measured),
+        "by_window": [sparse(with_window(unbounded, w)) for w in windows if w <= len(operators)],
     }
 
 
-def checkpoint_rows(experts: tuple[int, ...] = (8, 32, 64), steps: int = 4) -> list[dict[str, Any]]:
-    """One row per expert count (see the module docstring)."""
-    return [_one(e, steps) for e in experts]
+def checkpoint_rows(experts: tuple[int, ...] = (8, 32, 64), steps: int = 4,
+                    windows: tuple[int, ...] = (4, 8, 16, 32)) -> list[dict[str, Any]]:
+    """One row per expert count (see the module docstring): the window the measured budget gives
+    (``window``, ``bytes_reduction`` ...) and, in ``by_window``, the same at each W of ``windows``
+    (the budget a faster accelerator step would give: W = operators / operators per slot)."""
+    return [_one(e, steps, windows) for e in experts]

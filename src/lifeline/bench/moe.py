@@ -4,7 +4,8 @@ One JSON object, every peer measured in the same run:
 
 * ``checkpoint`` — per expert count (8, 32, 64 per layer): bytes and copy stall per step, dense vs
   sparse at the same per-step budget (:mod:`lifeline.bench._moe_sparse`; the sparse slots are those
-  :func:`lifeline.checkpoint.plan_window` chooses, copied as the sidecar's memcpy would).
+  :func:`lifeline.checkpoint.plan_window` chooses, copied as the sidecar's memcpy would), and at
+  fixed windows W = 4, 8, 16, 32 (``by_window``: the budget a faster accelerator step gives).
 * ``recovery`` — one failed pipeline stage, localized replay vs global rollback from the same
   checkpoint, with ``lifeline run`` (:mod:`lifeline.bench._moe_recovery`): time to the failure step,
   rank-seconds recomputed, upstream-log bytes and seconds per step.
@@ -33,8 +34,14 @@ def run(*, experts: tuple[int, ...] = (8, 32, 64), steps: int = 12, fail_step: i
     root.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"checkpoint": checkpoint_rows(experts)}
     big = [r for r in out["checkpoint"] if r["experts_per_layer"] >= 32]
-    out["checkpoint_target"] = {"sparse_bytes_reduction_at_32_plus": [r["bytes_reduction"] for r in big],
-                                "target": 4.0, "met": bool(big) and all(r["bytes_reduction"] >= 4.0 for r in big)}
+    at16 = [next((w["bytes_reduction"] for w in r["by_window"] if w["window"] == 16), None) for r in big]
+    out["checkpoint_target"] = {
+        "target": 4.0,
+        "sparse_bytes_reduction_at_32_plus": [r["bytes_reduction"] for r in big],
+        "met_at_measured_budget": bool(big) and all(r["bytes_reduction"] >= 4.0 for r in big),
+        "sparse_bytes_reduction_at_32_plus_w16": at16,
+        "met_at_w16": bool(big) and all(x is not None and x >= 4.0 for x in at16),
+    }
     if recovery:
         out["recovery"] = recovery_rows(root, steps=steps, every=every, fail_step=fail_step)
     out["ettr"] = ettr_rows(out["checkpoint"], out.get("recovery"))
