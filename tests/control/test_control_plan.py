@@ -200,6 +200,26 @@ def test_with_sparse_checkpoints_a_failed_stage_restores_its_latest_complete_win
     assert plan.restore_step == 32 and plan.replay_to_step == 38
 
 
+def test_with_sparse_checkpoints_a_global_recovery_restores_every_rank_from_the_window():
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["checkpoint"]["sparse"] = {"window": 4}
+    spec = load_trainingjob(body).spec  # localized replay off: the ladder's global rungs
+    holdings = _holdings(memory_steps=(30,), l2_steps=(20,))
+    logs = tuple(UpstreamLog(r, 33, 41) for r in range(4))
+    crash = classify([ContainerTerminated(3, "n3", "trainer", 137)], node_of_rank=NODE_OF_RANK,
+                     hang_timeout_seconds=300)
+    plan = plan_recovery(_state(holdings, logs=logs), crash, spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_ranks) == (RecoveryAction.RESTART_IN_PLACE, 36, (0, 1, 2, 3))
+    assert "sparse-to-dense" in plan.reason
+    plan = plan_recovery(_state(holdings, logs=logs), _lost("n3"), spec, now=NOW)
+    assert plan.action is RecoveryAction.REPLACE_PODS and plan.restore_step == 36
+    assert [s.tier for s in plan.sources] == ["L0", "L0", "L0", "L1"]
+    # a dense copy newer than the window wins; without logs of every rank there is no window
+    newer = _holdings(memory_steps=(40,), l2_steps=(20,))
+    assert plan_recovery(_state(newer, logs=logs), crash, spec, now=NOW).restore_step == 40
+    assert plan_recovery(_state(holdings, logs=logs[:3]), crash, spec, now=NOW).restore_step == 30
+
+
 def test_gives_up_without_any_verified_copy():
     plan = plan_recovery(_state(_holdings(l2_steps=())), _lost("n2", "n3"), _spec(), now=NOW)
     assert plan.action is RecoveryAction.GIVE_UP and plan.restore_step is None

@@ -114,10 +114,10 @@ def test_a_stage_with_two_replicas_replays_with_its_data_parallel_all_reduce(tmp
     assert summary["digest"] == ref["digest"]
 
 
-def _sparse_run(tmp_path: Path, name: str, *injections: str) -> dict:
+def _sparse_run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None) -> dict:
     """Sparse checkpoints (window 3) and no dense checkpoint before the end: a failed stage can only
     restore from its sparse window, held in its sidecar's log store and its L1 peer's."""
-    doc = _doc(name)
+    doc = _doc(name, fault_in_replay=fault_in_replay)
     doc["spec"]["checkpoint"]["every"] = doc["spec"]["checkpoint"]["persist"]["every"] = doc["spec"]["steps"]
     doc["spec"]["checkpoint"]["sparse"] = {"window": 3}
     args = [a for inj in injections for a in ("--inject-failure", inj)]
@@ -143,4 +143,15 @@ def test_a_node_loss_with_sparse_checkpoints_fetches_the_window_from_the_peer(re
     assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L1", 6, [2])
     assert {e["rank"] for e in _events(tmp_path, "restore", 1) if e.get("source") == "window"} == {2}
     assert _restored_ranks(tmp_path, 1) == {2}
+    assert summary["digest"] == reference["digest"]
+
+
+def test_a_failure_during_a_sparse_replay_restores_every_rank_from_the_window(reference, tmp_path):
+    """The global fallback needs no dense copy: every rank restores the window's first slot and
+    re-runs, applying the later slots (online sparse-to-dense conversion), bit-identically."""
+    summary = _sparse_run(tmp_path, "sparsefir", "trainer:rank=1:step=10", fault_in_replay="1:8")
+    actions = [(r["action"], r["restore_step"]) for r in summary["recoveries"]]
+    assert actions == [("LocalizedReplay", 6), ("RestartInPlace", 6)]
+    restores = _events(tmp_path, "restore", 2)
+    assert {e["rank"] for e in restores} == {0, 1, 2} and {e["source"] for e in restores} == {"window"}
     assert summary["digest"] == reference["digest"]

@@ -131,6 +131,17 @@ def plan_recovery(
                     f"{steps}; the other stages keep their state", replay_to=state.step)
     mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
     any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
+    window = _latest_window(everyone, {log.rank: log for log in state.upstream_logs}, spec, state.step)
+    if window is not None and all(s is None or window > s for s in (mem_step, any_step)):
+        src = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in everyone}
+        end = window + spec.checkpoint.sparse.window - 1
+        why = (f"every rank holds the sparse window of steps {window}..{end} in memory, newer than any dense copy; "
+               f"all ranks restore its first slot and re-run to step {state.step}, applying its slots up to step "
+               f"{end} (online sparse-to-dense conversion)")
+        if not lost:
+            return plan(RecoveryAction.RESTART_IN_PLACE, window, src, everyone, f"{why}; restarting trainers "
+                        f"{sorted(restart)} in place")
+        return plan(RecoveryAction.REPLACE_PODS, window, src, everyone, f"{why}; replacing pods of ranks {sorted(lost)}")
     if mem_step is not None and (any_step is None or mem_step >= any_step):
         if not lost:
             return plan(RecoveryAction.RESTART_IN_PLACE, mem_step, mem_src, everyone,

@@ -26,7 +26,7 @@ from lifeline.catalog import Catalog, LogCoverage
 from lifeline.errors import CatalogError, LifelineError, RecoveryError
 from lifeline.sidecar.client import LogKey
 
-__all__ = ["UpstreamLog", "localized_recovery"]
+__all__ = ["UpstreamLog", "localized_recovery", "restore_window"]
 
 _REPLAYED = "replayed"
 
@@ -62,7 +62,7 @@ class UpstreamLog:
         """Step ``step`` (completed steps) is logged whole: drop entries older than ``keep_steps`` and
         record the covered range ``first..last`` in the catalog (best effort while Redis is away)."""
         self.first = step if self.first is None or step < self.first else self.first
-        self.last = step
+        self.last = step if self.last is None else max(self.last, step)
         before = step - self.keep_steps  # iterations < before (steps <= before) are dropped
         if before > 0 and step % max(1, self.keep_steps // 2) == 0:
             self._client().gc_logs(before)
@@ -81,8 +81,23 @@ class UpstreamLog:
         return out
 
     def restart_at(self, step: int) -> None:
-        """The rank's state went back to ``step`` (a restore): its log covers nothing after it yet."""
-        self.first = self.last = None
+        """The rank's state went back to ``step`` (a restore).
+
+        What it logged before is still held (its sidecar's store, or the peer's replicas when the
+        sidecar was lost), and what it logs again from ``step`` on is the same, bit for bit
+        (invariant 1; a replay checks it), so the coverage stays ``first..last``; a restarted
+        process takes the coverage it recorded in the catalog before the failure. The sparse slots
+        of a window being replayed thus stay restorable: a failure during the replay restores the
+        same window again. A restore before ``first`` starts the coverage over."""
+        if self.first is None and self.catalog is not None:
+            try:
+                mine = [c for c in self.catalog.log_coverage() if c.rank == self.rank]
+            except CatalogError:
+                mine = []
+            if mine:
+                self.first, self.last = mine[0].first_step, mine[0].last_step
+        if self.first is None or self.last is None or self.first > step:
+            self.first = self.last = None
 
     def fetch(self, out: Tensor, *, iteration: int, micro_batch: int, stage: int, direction: str,
               rank: int) -> None:
@@ -124,7 +139,7 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
     """
     target = plan.replay_to_step if plan.replay_to_step is not None else plan.restore_step
     if ctx.rank in plan.restore_ranks:
-        window = _restore_window(ctx, trainer, plan, sparse)
+        window = restore_window(ctx, trainer, plan, sparse)
         if window is None:
             trainer = restore(plan.restore_step)
         if log is None:
@@ -157,7 +172,7 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
     return trainer
 
 
-def _restore_window(ctx: Any, trainer: Any, plan: RecoveryPlan, sparse: Any) -> int | None:
+def restore_window(ctx: Any, trainer: Any, plan: RecoveryPlan, sparse: Any) -> int | None:
     """Load slot 0 of the window starting at the plan's step when there is one; returns its start,
     or ``None`` (no sparse checkpoints, not a window start, or the slot is gone: restore densely)."""
     step = plan.restore_step

@@ -62,6 +62,8 @@ class SparseWindows:
         self.window = max(1, int(window))
         self.schedule = None
         self.over_budget = False
+        self.converting: int | None = None
+        """Start of a window restored for a global recovery: :meth:`catch_up` applies its later slots."""
         self.bytes_captured = 0
         self.seconds = 0.0
         self._taken = (0, 0.0)
@@ -131,6 +133,14 @@ class SparseWindows:
         if not start < step < start + self.window:
             return None
         return self._load(step, trainer)
+
+    def catch_up(self, step: int, trainer: Any) -> None:
+        """After re-running ``step`` from a window restored by every rank (:attr:`converting`): apply
+        its slot while inside the window; the state is dense again from the window's last slot on."""
+        if self.converting is None:
+            return
+        if self.apply(step, self.converting, trainer) is None or step == self.converting + self.window - 1:
+            self.converting = None
 
     def _load(self, step: int, trainer: Any) -> SlotRecord:
         try:

@@ -18,7 +18,7 @@ from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._rendezvous import Superseded
-from lifeline.runtime._replay import UpstreamLog, localized_recovery
+from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
 
 __all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
@@ -134,7 +134,10 @@ def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointe
         kept = ctx.rank not in plan.restore_ranks
         trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse)
         return trainer, None if kept else plan.restore_step or 0
-    trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
+    if sparse is not None and restore_window(ctx, trainer, plan, sparse) is not None:
+        sparse.converting = plan.restore_step  # the loop applies the window's later slots
+    else:
+        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
     if log is not None:
         log.restart_at(trainer.step)
     return trainer, plan.restore_step or 0
@@ -220,6 +223,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             last_loss = result.loss
             logged = {}
             if sparse is not None:  # the slot first: the log's coverage record then covers it too
+                sparse.catch_up(result.step, trainer)
                 sparse.capture(result.step, trainer, result.seconds)
                 logged.update(sparse.take_counts())
             if log is not None:
