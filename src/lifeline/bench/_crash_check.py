@@ -48,6 +48,7 @@ class Reader:
         self.storage, self.prefix, self.job, self.expected, self.counts = storage, prefix, job, expected, counts
         self.keep = keep
         self.known: dict[int, int] = {}  # committed step -> seed, checked once
+        self.deleted: set[int] = set()  # steps removed by retention
 
     def check(self, attempts: dict[int, int], killed_step: int | None = None) -> bool:
         """Check what is visible now; ``attempts`` maps each step saved so far to the seed of its
@@ -88,6 +89,7 @@ class Reader:
                 c.torn(f"step {killed_step}: manifest readable by key but not listed")
         for old in sorted(self.known)[: -self.keep]:
             delete_step(self.storage, self.prefix, self.job, old)
+            self.deleted.add(old)
             del self.known[old]
         return visible
 

@@ -61,7 +61,7 @@ class Zygote:
             if line.startswith("error"):
                 raise LifelineError(f"bench crash: a victim failed: {line}; stderr: {self.tail()}")
             if line.startswith(prefix + " "):
-                return line.split()[1:]
+                return line[len(prefix):].split()
 
     def tail(self) -> str:
         self._err.flush()
@@ -83,6 +83,8 @@ class Zygote:
 
 def sigkill(pid: int, timeout: float = 30.0) -> None:
     """SIGKILL ``pid`` and await its exit (a pidfd; no polling). No error when it already exited."""
+    if pid <= 1:
+        raise LifelineError(f"bench crash: refusing to kill pid {pid}")
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
