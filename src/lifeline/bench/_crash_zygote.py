@@ -67,7 +67,7 @@ def main(cfg: dict[str, Any]) -> None:
     import torch  # noqa: F401 - imported once here, inherited by every fork
 
     if cfg["target"] == "sidecar":
-        import lifeline.sidecar.server  # noqa: F401
+        import lifeline.sidecar.server
     else:
         import lifeline.bench._crash_state  # noqa: F401
         _storage(cfg)  # imports the storage modules (no request is sent)

@@ -68,7 +68,7 @@ def run(*, trials: dict[str, int], seed: int = 0, workdir: str | None = None) ->
     try:
         if trials.get("fs"):
             fs_root = root / "fs"
-            cfg = dict(target="fs", root=str(fs_root), rows=256, tensor=2, data=2, prefix="ck", job="crash")
+            cfg = {"target": "fs", "root": str(fs_root), "rows": 256, "tensor": 2, "data": 2, "prefix": "ck", "job": "crash"}
             out["targets"]["fs"] = run_library(cfg, FilesystemStorage(fs_root, fsync=False), trials["fs"],
                                                random.Random(rng.getrandbits(64)), root)
         if trials.get("s3") or trials.get("sidecar"):
@@ -100,13 +100,13 @@ def _run_s3(minio, trials: int, rng: random.Random, root: Path) -> dict:
     from lifeline.checkpoint import S3Storage
 
     bucket = f"crash-{uuid.uuid4().hex[:8]}"
-    s3 = dict(endpoint=minio.endpoint, access_key=minio.access_key, secret_key=minio.secret_key, bucket=bucket,
-              part_size=PART_SIZE, concurrency=2)
+    s3 = {"endpoint": minio.endpoint, "access_key": minio.access_key, "secret_key": minio.secret_key, "bucket": bucket,
+              "part_size": PART_SIZE, "concurrency": 2}
     storage = S3Storage(minio.endpoint, minio.access_key, minio.secret_key, bucket, part_size=PART_SIZE)
     if not storage.client.bucket_exists(bucket):
         storage.client.make_bucket(bucket)
     # 3072 x 1024 fp32 sharded on tensor=2: two ~6 MiB blobs per step, each a two-part multipart upload
-    cfg = dict(target="s3", s3=s3, rows=3072, tensor=2, data=1, prefix="ck", job="crash")
+    cfg = {"target": "s3", "s3": s3, "rows": 3072, "tensor": 2, "data": 1, "prefix": "ck", "job": "crash"}
     row = run_library(cfg, storage, trials, rng, root)
     row["part_size_bytes"] = PART_SIZE
     return row
