@@ -6,6 +6,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from lifeline.bench._crash_check import Counts, Reader
@@ -17,13 +18,16 @@ CALIBRATION_SAVES = 3
 """Saves run to completion first; the median of their durations bounds the kill time."""
 
 
-def run_library(cfg: dict[str, Any], storage: Storage, trials: int, rng: random.Random, workdir: Path) -> dict:
+def run_library(cfg: dict[str, Any], storage: Storage, trials: int, rng: random.Random, workdir: Path, *,
+                after_kill: Callable[[int], bool] | None = None) -> dict:
     """Run ``trials`` kill trials against ``storage`` (``cfg`` is the zygote's configuration: target,
     storage, ``rows``, ``tensor``, ``data``, ``prefix``, ``job``). Returns the target's JSON row.
 
     Each trial forks a saver of the next uncommitted step with a fresh seed, sleeps a uniformly random
     time in ``[0, D]`` (``D``: median save duration, seconds) after the saver announces the save, then
-    SIGKILLs it and awaits its exit; then :class:`Reader` checks what is visible.
+    SIGKILLs it and awaits its exit; then :class:`Reader` checks what is visible. ``after_kill(step)``,
+    if given, runs after each kill and returns whether the kill left an unfinished multipart upload
+    (counted as ``killed_mid_multipart``).
     """
     counts = Counts()
     t0 = time.perf_counter()
@@ -33,7 +37,7 @@ def run_library(cfg: dict[str, Any], storage: Storage, trials: int, rng: random.
     zygote = Zygote(cfg, workdir / f"zygote-{cfg['target']}.log")
     try:
         durations = []
-        step = 0
+        step = mid_multipart = 0
         for _ in range(CALIBRATION_SAVES):
             attempts[step] = seed = rng.getrandbits(31)
             zygote.send(f"save {step} {seed} 0")
@@ -48,6 +52,7 @@ def run_library(cfg: dict[str, Any], storage: Storage, trials: int, rng: random.
             time.sleep(rng.uniform(0.0, bound))  # the random moment of the crash is the point of the bench
             sigkill(pid)
             counts.trials += 1
+            mid_multipart += bool(after_kill and after_kill(step))
             if reader.check(attempts, step):
                 counts.killed_after_commit += 1
                 step += 1
@@ -60,4 +65,5 @@ def run_library(cfg: dict[str, Any], storage: Storage, trials: int, rng: random.
     return {"trials": counts.trials, "killed_before_commit": counts.killed_before_commit,
             "killed_after_commit": counts.killed_after_commit, "committed_and_valid": counts.committed_and_valid,
             "torn_visible": counts.torn_visible, "committed_lost": counts.committed_lost,
-            "save_seconds_median": round(bound, 4), "seconds": round(counts.seconds, 2), "problems": counts.problems}
+            "save_seconds_median": round(bound, 4),
+            **({"killed_mid_multipart": mid_multipart} if after_kill else {}), "seconds": round(counts.seconds, 2), "problems": counts.problems}

@@ -97,7 +97,7 @@ def run(*, trials: dict[str, int], seed: int = 0, workdir: str | None = None) ->
 
 def _run_s3(minio, trials: int, rng: random.Random, root: Path) -> dict:
     from lifeline.bench._crash_library import run_library
-    from lifeline.checkpoint import S3Storage
+    from lifeline.checkpoint import S3Storage, blob_key
 
     bucket = f"crash-{uuid.uuid4().hex[:8]}"
     s3 = {"endpoint": minio.endpoint, "access_key": minio.access_key, "secret_key": minio.secret_key, "bucket": bucket,
@@ -107,6 +107,18 @@ def _run_s3(minio, trials: int, rng: random.Random, root: Path) -> dict:
         storage.client.make_bucket(bucket)
     # 3072 x 1024 fp32 sharded on tensor=2: two ~6 MiB blobs per step, each a two-part multipart upload
     cfg = {"target": "s3", "s3": s3, "rows": 3072, "tensor": 2, "data": 1, "prefix": "ck", "job": "crash"}
-    row = run_library(cfg, storage, trials, rng, root)
+    world = cfg["tensor"] * cfg["data"]
+
+    def unfinished_uploads(step: int) -> bool:
+        """Abort the multipart uploads the killed saver left (S3 keeps them invisible); True if any."""
+        found = False
+        for r in range(world):
+            key = blob_key(cfg["prefix"], cfg["job"], step, r)
+            for up in storage.client._list_multipart_uploads(bucket, prefix=key).uploads:  # noqa: SLF001
+                storage.client._abort_multipart_upload(bucket, up.object_name, up.upload_id)  # noqa: SLF001
+                found = True
+        return found
+
+    row = run_library(cfg, storage, trials, rng, root, after_kill=unfinished_uploads)
     row["part_size_bytes"] = PART_SIZE
     return row
