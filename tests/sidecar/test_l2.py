@@ -74,3 +74,33 @@ def test_corrupted_replica_is_detected_not_used_and_reported(make_settings, side
     assert c.metrics.registry.get_sample_value("lifeline_sidecar_errors_total", {"kind": "checksum"}) == 1
     assert b.store.get("shard", 0, 0) is None and "L1@1" not in cat.holder_names(0, 0)  # the bad copy is dropped
     cat.close()
+
+
+def test_l2_commit_failing_after_the_claim_is_redone_by_the_retry(make_settings, sidecars, redis_server, job,
+                                                                   tmp_path):
+    """Found by ``bench crash``: the rank completing the set claims the commit in the catalog, then writes the
+    manifest; when that write failed, the retry was refused the claim and the step never reached L2."""
+    import shutil
+
+    from lifeline.checkpoint import FilesystemStorage, consolidate, verify_checkpoint
+
+    root = tmp_path / "l2"
+    s, t = make_settings(0, 1, peer_replicas=0, persist_uri=str(root), persist_every=1, persist_retries=1)
+    blocker = root / job / f"{0:012d}" / "manifest.json"
+    (blocker / "in-the-way").mkdir(parents=True)  # the blob lands, the manifest cannot: the commit fails
+    sc = sidecars(s)
+    storage = FilesystemStorage(root)
+    cat = Catalog(redis_server.url, job, 1)
+    with SidecarClient(t) as client:
+        client.save(0, state_at(0, 0))
+        wait_for(lambda: sc.metrics.registry.get_sample_value("lifeline_sidecar_errors_total", {"kind": "storage"}),
+                 timeout=30, what="the failed commit")
+        assert cat.committer(0) == 0 and list_steps(storage, "", job) == []
+        shutil.rmtree(blocker)
+        wait_for(lambda: list_steps(storage, "", job) == [0], timeout=30, what="the retried commit")
+    verify_checkpoint(storage, "", job, 0)
+    want = state_at(0, 0)
+    got = consolidate(storage, "", job, 0, names=[k for k, v in want.items() if not isinstance(v, bytes)])
+    assert identical(got, {k: v for k, v in want.items() if not isinstance(v, bytes)})
+    wait_for(lambda: "L2" in cat.holder_names(0, 0), what="the L2 holding")
+    cat.close()

@@ -2,7 +2,8 @@
 
 Every benchmark takes ``--repeats`` (where it repeats) and ``--state-dir`` (where it keeps files);
 bad values are one :class:`~lifeline.errors.ConfigError` naming the flag, before anything runs.
-``bench recovery``'s 30-minute ETTR row is opt-in (``--ettr``)."""
+``bench recovery``'s 30-minute ETTR row is opt-in (``--ettr``); ``bench crash`` counts torn checkpoints after
+random SIGKILLs of savers and sidecars."""
 
 from __future__ import annotations
 
@@ -143,3 +144,26 @@ def moe_command(
 
     typer.echo(json.dumps(run(experts=counts, steps=steps, fail_step=fail_step, every=every, recovery=recovery,
                               workdir=state_dir), indent=1))
+
+
+@app.command("crash")
+def crash_command(
+    trials: int = typer.Option(None, "--trials", help="Kill trials of every target (overrides the three below)."),
+    trials_fs: int = typer.Option(400, "--trials-fs", help="Kill trials of a FilesystemStorage saver."),
+    trials_s3: int = typer.Option(300, "--trials-s3", help="Kill trials of a saver uploading to MinIO."),
+    trials_sidecar: int = typer.Option(300, "--trials-sidecar", help="Kill trials of a sidecar persisting to MinIO."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the kill times, ranks and states (a run replays)."),
+    state_dir: str = _state_dir("Directory for the files and MinIO (default: a new temp dir, removed)."),
+) -> None:
+    """SIGKILL savers (fs, MinIO) and sidecars at random moments of a save; count torn checkpoints visible."""
+    import json
+
+    counts = {"fs": trials_fs, "s3": trials_s3, "sidecar": trials_sidecar}
+    if trials is not None:
+        counts = dict.fromkeys(counts, trials)
+    _check(*((n < 0, f"--trials-{k}" if trials is None else "--trials", f"must be >= 0, got {n}")
+             for k, n in counts.items()),
+           (sum(counts.values()) < 1, "--trials", "leaves no trial to run; give at least one"), state_dir=state_dir)
+    from lifeline.bench.crash import run
+
+    typer.echo(json.dumps(run(trials=counts, seed=seed, workdir=state_dir), indent=1))

@@ -184,9 +184,16 @@ class Catalog:
         return int(raw) if raw is not None and int(raw) >= 0 else None
 
     def mark_persisted(self, step: int, rank: int) -> bool:
-        """Record rank's blob of step as persisted; True for exactly one caller once all ranks are."""
+        """Record rank's blob of step as persisted; True for exactly one rank once all ranks are (the claimant
+        of the commit), and again for that rank when it asks again: a retry after a failed manifest write, or
+        its restarted sidecar, redoes the commit instead of leaving the step uncommitted at L2."""
         keys = [self.keys.persisted(step), self.keys.commit(step)]
         return bool(self._call(self._persisted, keys=keys, args=[rank, self.world_size]))
+
+    def committer(self, step: int) -> int | None:
+        """The rank that claimed the L2 commit of ``step`` (:meth:`mark_persisted`), or ``None``."""
+        raw = self._call(self._r.get, self.keys.commit(step))
+        return int(raw) if raw is not None else None
 
     # --- corruption reports --------------------------------------------------------------------
     def report_corrupt(self, report: CorruptionReport) -> None:

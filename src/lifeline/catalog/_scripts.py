@@ -27,10 +27,14 @@ return step
 
 PERSISTED = """
 -- KEYS[1] = persisted:<step>, KEYS[2] = commit:<step>; ARGV = rank, world. 1 if the caller must commit.
+-- The claim is kept by rank: the claimant asking again (a retry after a failed commit, or its restarted
+-- sidecar persisting the step again) gets 1 again, so a commit interrupted after the claim is redone.
 redis.call('SADD', KEYS[1], ARGV[1])
 if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   if redis.call('SET', KEYS[2], ARGV[1], 'NX') then return 1 end
+  if redis.call('GET', KEYS[2]) == ARGV[1] then return 1 end
 end
 return 0
 """
-"""Record a rank's blob as persisted; exactly one caller learns it completes the set and commits."""
+"""Record a rank's blob as persisted; exactly one rank learns it completes the set and commits (again on
+its retries)."""
