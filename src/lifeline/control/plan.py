@@ -30,7 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from lifeline.api.recovery import TIERS, Failure, FailureKind, Holding, PodPlacement, RecoveryPlan, RestoreSource, Tier
+from lifeline.api.recovery import (
+    TIERS,
+    Failure,
+    FailureKind,
+    Holding,
+    PodPlacement,
+    RecoveryPlan,
+    RestoreSource,
+    Tier,
+)
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
 from lifeline.control.state import JobState, UpstreamLog, stage_of
 from lifeline.errors import RecoveryError
