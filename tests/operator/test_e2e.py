@@ -404,3 +404,48 @@ def test_elastic_job_reshards_when_a_lost_node_leaves_no_room(devcluster, operat
     # the arenas live in the pods' own volumes, not in the host's /dev/shm, where a deleted
     # pod's slots would stay behind (768 MiB for rank 2 here)
     assert not list(Path("/dev/shm").glob("lifeline-elastic-*"))
+
+
+@pytest.mark.slow
+def test_a_trainer_crash_in_one_stage_is_replayed_locally_from_its_sparse_window(devcluster, operator_release, tmp_path):
+    """The operator takes the LocalizedReplay rung (the engine both runners share): with sparse
+    checkpoints (W = 3) and no dense checkpoint before the end, a trainer killed in one pipeline
+    stage makes that stage's ranks restore their latest complete window from their sidecars and
+    replay it from the other stage's upstream logs while the other stage keeps its state; the job
+    ends bit-identical to a failure-free run, and ``kubectl get tj`` shows the rung. (A node of
+    the dev cluster holds ranks of both stages, so a node loss takes the global rung from the
+    window instead: tests/launch/test_localized_replay.py covers node loss of one stage.)"""
+    ns = operator_release
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["name"] = "gpt-moe-sparse"
+    body["spec"]["steps"] = STEPS
+    body["spec"]["checkpoint"]["every"] = body["spec"]["checkpoint"]["persist"]["every"] = STEPS
+    body["spec"]["checkpoint"]["sparse"] = {"window": 3}
+    body["spec"]["recovery"].pop("elastic")
+    body["spec"]["recovery"]["localizedReplay"] = True
+    body["spec"]["recovery"]["hangTimeoutSeconds"] = 120
+    _forget_l2(devcluster, "gpt-moe-sparse")
+    devcluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+
+    def progressed():
+        st = _get(devcluster, "trainingjob", "gpt-moe-sparse", "-n", ns).get("status") or {}
+        return st if st.get("phase") == "Running" and (st.get("step") or 0) >= 8 else None
+
+    _wait("training to pass step 8 (two sparse windows)", progressed, timeout=300)
+    devcluster.kill_container("gpt-moe-sparse-1", "trainer", namespace=ns)
+
+    def finished():
+        st = _get(devcluster, "trainingjob", "gpt-moe-sparse", "-n", ns).get("status") or {}
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    st = _wait("the job to finish", finished, timeout=900)
+    history = [(r["kind"], r["ranks"], r.get("fromStep"), r.get("reason", "")[:200]) for r in st.get("recoveries", [])]
+    assert st["phase"] == "Succeeded", f"{st.get('message')}; recoveries: {history}"
+    first = st["recoveries"][0]
+    assert first["kind"] == "LocalizedReplay" and "sparse window" in first["reason"], history
+    assert first["ranks"] == [1] and "ranks [0, 1] restore" in first["reason"], history
+    assert first["fromStep"] % 3 == 0
+    row = devcluster.kubectl("get", "tj", "gpt-moe-sparse", "-n", ns, "--no-headers").split()
+    assert st["recoveries"][-1]["kind"] in row
+    got = _l2_digest(devcluster, "gpt-moe-sparse", STEPS)
+    assert got == _reference_digest(body, tmp_path), "final parameters differ from the failure-free run's"

@@ -4,7 +4,9 @@ Two ``lifeline run``s of the same 3-stage GPT-MoE job (one rank per stage, check
 ``every`` steps, warm-up + cosine LR and gradient clipping on) with the same injected crash of the
 middle stage's trainer; one with ``recovery.localizedReplay`` (the stage restores its copy and
 replays from its neighbours' upstream logs), one without (every rank restores the same copy and
-recomputes). Both restore the same step, so the difference is what each recomputes.
+recomputes). Both restore the same step, so the difference is what each recomputes. A third run
+takes sparse checkpoints (W = 3) instead of dense ones: the failed stage restores its latest
+complete window and replays it (``localized_sparse``); all three end on the same parameters.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ MODEL = {"d_model": 64, "n_layers": STAGES, "n_heads": 4, "d_expert": 64, "seq_l
 ENV = {"LIFELINE_COLLECTIVE_TIMEOUT_SECONDS": "20"}
 
 
-def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, experts: int = 8) -> dict:
-    """The 3-stage TrainingJob document of the recovery rows."""
-    return {
+def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, experts: int = 8,
+            sparse: int = 0) -> dict:
+    """The 3-stage TrainingJob document of the recovery rows (``sparse``: W of sparse checkpoints,
+    which then replace the dense ones until the last step)."""
+    if sparse:
+        every = steps
+    doc = {
         "apiVersion": "lifeline.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {
             "replicas": STAGES, "layout": {"pipeline": STAGES, "data": 1}, "steps": steps, "seed": 0,
@@ -34,15 +40,20 @@ def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, expe
             "recovery": {"maxRestarts": 10, "hangTimeoutSeconds": 300, "localizedReplay": localized},
         },
     }
+    if sparse:
+        doc["spec"]["checkpoint"]["sparse"] = {"window": sparse}
+    return doc
 
 
-def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, localized: bool) -> dict[str, Any]:
+def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, localized: bool,
+         sparse: int = 0) -> dict[str, Any]:
     from lifeline.launch.inject import Injection
     from lifeline.launch.spec import load_for_launch
     from lifeline.launch.supervisor import LaunchOptions, Supervisor
     from lifeline.runtime.events import read_events
 
-    job = load_for_launch(job_doc(name, steps=steps, every=every, localized=localized, l2=f"file://{root / 'l2'}"))
+    job = load_for_launch(job_doc(name, steps=steps, every=every, localized=localized, l2=f"file://{root / 'l2'}",
+                                  sparse=sparse))
     sup = Supervisor(job, LaunchOptions(state_dir=root / name, injections=(Injection("trainer", 1, fail_step),),
                                         timeout_seconds=900))
     phase = sup.run()
@@ -57,8 +68,11 @@ def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, local
     step_s = sorted(v for v in sup.step_seconds.values() if v > 0)
     log_bytes = [e["log_bytes"] for e in events if e.get("event") == "replayed" and e.get("generation") == g]
     per_step: dict[int, int] = {}
-    log_seconds = []
+    log_seconds, slot_bytes, slot_seconds = [], [], []
     for e in events:
+        if e.get("event") == "step" and e.get("generation") == 0 and "slot_bytes" in e:
+            slot_bytes.append(int(e["slot_bytes"]))
+            slot_seconds.append(float(e["slot_seconds"]))
         if e.get("event") == "step" and e.get("generation") == 0 and "log_bytes" in e:
             per_step[e["step"]] = per_step.get(e["step"], 0) + int(e["log_bytes"])
             log_seconds.append(float(e["log_seconds"]))
@@ -74,6 +88,10 @@ def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, local
         "step_seconds": step_s[len(step_s) // 2] if step_s else None,
         "replay_log_bytes_per_step": (log_bytes[0] // max(1, len(replayed))) if log_bytes and replayed else None,
         "digest": (sup.digest or {}).get("sha256"),
+        **({"window": sparse, "slot_bytes_per_rank_step": statistics.median(slot_bytes) if slot_bytes else 0,
+            "slot_seconds_per_rank_step": round(statistics.median(slot_seconds), 6) if slot_seconds else 0.0,
+            "restored_from": sorted({e.get("source", "checkpoint") for e in events if e.get("event") == "restore"
+                                     and e.get("generation") == g})} if sparse else {}),
     }
 
 
@@ -81,6 +99,7 @@ def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int
     """Both runs and the ratio of rank-seconds recomputed (target ≤ 1 / stages)."""
     localized = _one(root, "moe-localized", steps=steps, every=every, fail_step=fail_step, localized=True)
     rollback = _one(root, "moe-rollback", steps=steps, every=every, fail_step=fail_step, localized=False)
+    sparse = _one(root, "moe-sparse", steps=steps, every=every, fail_step=fail_step, localized=True, sparse=3)
     ratio = steady = None
     if rollback["rank_seconds_recomputed"]:
         ratio = round(localized["rank_seconds_recomputed"] / rollback["rank_seconds_recomputed"], 4)
@@ -89,7 +108,8 @@ def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int
         # prices its recomputed steps at the median step time instead (the conservative comparison)
         steady = round(localized["rank_seconds_recomputed"]
                        / (rollback["rank_steps_recomputed"] * rollback["step_seconds"]), 4)
-    return {"stages": STAGES, "localized": localized, "global_rollback": rollback,
+    return {"stages": STAGES, "localized": localized, "global_rollback": rollback, "localized_sparse": sparse,
+            "same_final_parameters": len({localized["digest"], rollback["digest"], sparse["digest"]}) == 1,
             "recomputed_ratio": ratio, "recomputed_ratio_at_median_step": steady,
             "target_ratio": round(1 / STAGES, 4),
             "met": ratio is not None and steady is not None and max(ratio, steady) <= 1 / STAGES}
