@@ -88,12 +88,13 @@ def _register() -> None:
     from lifeline.devcluster.cli import app as devcluster_app
     from lifeline.devcluster.cli import node_app
     from lifeline.launch.cli import register as register_launch
-    from lifeline.models.cli import trainer_command
+    from lifeline.models.cli import densify_command, trainer_command
     from lifeline.operator.cli import operator_command
     from lifeline.sidecar.cli import sidecar_command
 
     register_launch(app, panel=USER_PANEL)
-    app.add_typer(ckpt_app, name="ckpt", help="Inspect, verify, export, import and delete checkpoints.",
+    ckpt_app.command("densify")(densify_command)  # runs the model: registered here, above the checkpoint part
+    app.add_typer(ckpt_app, name="ckpt", help="Inspect, verify, export, import, densify and delete checkpoints.",
                   rich_help_panel=USER_PANEL)
     app.add_typer(bench_app, name="bench", help="Benchmarks: one JSON object per run.", rich_help_panel=USER_PANEL)
     app.add_typer(devcluster_app, name="devcluster", help="A real Kubernetes control plane with process nodes.",

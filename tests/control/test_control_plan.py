@@ -21,6 +21,7 @@ from lifeline.control import (
     NodeState,
     RecoveryPlan,
     StepStalled,
+    StoredWindows,
     UpstreamLog,
     stage_of,
     classify,
@@ -60,12 +61,12 @@ def _holdings(memory_steps=(40, 41), l2_steps=(30, 40), world=4, node_of_rank=NO
 
 
 def _state(holdings=None, nodes=None, step=41, cool_downs=(), logs=(), restarts=0, layout=LAYOUT,
-           node_of_rank=NODE_OF_RANK):
+           node_of_rank=NODE_OF_RANK, stored=()):
     nodes = nodes or tuple(NodeState(n) for n in ("n0", "n1", "n2", "n3", "n4"))
     return JobState(
         layout=layout, node_of_rank=node_of_rank, cluster=ClusterState(nodes, cool_downs), step=step,
         generation=3, restarts=restarts, holdings=_holdings() if holdings is None else holdings,
-        latest_complete_step=41, upstream_logs=logs,
+        latest_complete_step=41, upstream_logs=logs, stored_windows=stored,
     )
 
 
@@ -218,6 +219,42 @@ def test_with_sparse_checkpoints_a_global_recovery_restores_every_rank_from_the_
     newer = _holdings(memory_steps=(40,), l2_steps=(20,))
     assert plan_recovery(_state(newer, logs=logs), crash, spec, now=NOW).restore_step == 40
     assert plan_recovery(_state(holdings, logs=logs[:3]), crash, spec, now=NOW).restore_step == 30
+
+
+def test_sparse_windows_committed_to_l2_serve_when_memory_holds_nothing_newer():
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["checkpoint"]["sparse"] = {"window": 4}
+    spec = load_trainingjob(body).spec
+    holdings = _holdings(memory_steps=(), l2_steps=(20,))  # memory lost; the dense L2 copy is of step 20
+    stored = tuple(StoredWindows(r, (28, 32), 4) for r in range(4))
+    lost = _lost("n0", "n1", "n2", "n3")
+    plan = plan_recovery(_state(holdings, stored=stored), lost, spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_ranks) == (RecoveryAction.ROLLBACK, 32, (0, 1, 2, 3))
+    assert {s.tier for s in plan.sources} == {"L2"} and "committed to L2" in plan.reason
+    # a window must be committed by every rank, end by the current step and use the spec's W
+    assert plan_recovery(_state(holdings, stored=stored[:3]), lost, spec, now=NOW).restore_step == 20
+    assert plan_recovery(_state(holdings, stored=stored, step=34), lost, spec, now=NOW).restore_step == 28
+    other_w = tuple(StoredWindows(r, (28, 32), 2) for r in range(4))
+    assert plan_recovery(_state(holdings, stored=other_w), lost, spec, now=NOW).restore_step == 20
+    # a newer dense copy or memory window wins
+    assert plan_recovery(_state(_holdings(memory_steps=(), l2_steps=(40,)), stored=stored), lost, spec,
+                         now=NOW).restore_step == 40
+    # slots logged in memory (window 36) do not count when every holder of a lost rank's copies is lost
+    logs = tuple(UpstreamLog(r, 29, 41) for r in range(4))
+    plan = plan_recovery(_state(holdings, logs=logs, stored=stored), lost, spec, now=NOW)
+    assert plan.restore_step == 32 and {s.tier for s in plan.sources} == {"L2"}
+    plan = plan_recovery(_state(holdings, logs=logs, stored=stored), _lost("n3"), spec, now=NOW)
+    assert plan.restore_step == 36 and [s.tier for s in plan.sources] == ["L0", "L0", "L0", "L1"]
+    # a failed stage replays from its L2 window when its memory holds nothing newer
+    body["spec"]["recovery"]["localizedReplay"] = True
+    spec = load_trainingjob(body).spec
+    logs = tuple(UpstreamLog(r, 33, 41) for r in range(4))
+    crash = classify([ContainerTerminated(3, "n3", "trainer", 137)], node_of_rank=NODE_OF_RANK,
+                     hang_timeout_seconds=300)
+    young = tuple(UpstreamLog(r, 33 if r < 2 else 40, 41) for r in range(4))  # stage 1's memory slots: 40..
+    plan = plan_recovery(_state(holdings, logs=young, stored=stored), crash, spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_ranks) == (RecoveryAction.LOCALIZED_REPLAY, 32, (2, 3))
+    assert [s.tier for s in plan.sources] == ["L2", "L2"] and "sparse window starting at 32" in plan.reason
 
 
 def test_gives_up_without_any_verified_copy():

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lifeline.checkpoint import Layout, SlotRecord, unpack_slot
-from lifeline.errors import ChecksumError, RecoveryError
+from lifeline.checkpoint import Layout, SlotRecord, slot_record, unpack_slot
+from lifeline.errors import ChecksumError, RecoveryError, SidecarError
 from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
 from lifeline.runtime._sparse import SparseWindows
 
@@ -27,6 +27,8 @@ class LogStoreDouble:
         self.entries[key] = bytearray(data)
 
     def get_log(self, key, rank=None) -> bytearray:
+        if key not in self.entries:  # as the real client: the sidecar refused (held nowhere)
+            raise SidecarError(f"upstream log {key} is not held anywhere")
         return bytearray(self.entries[key])
 
 
@@ -112,3 +114,30 @@ def test_slot_record_validation():
         SlotRecord(start=4, window=3, index=0, active=("a",), frozen=())
     with pytest.raises(Exception, match="both active and frozen"):
         SlotRecord(start=3, window=3, index=0, active=("a",), frozen=("a",))
+
+
+def test_a_new_process_inside_a_window_goes_on_with_the_windows_schedule(run):
+    cfg, store, windows, dense, _ = run
+    stored = {k.iteration: slot_record(v) for k, v in store.entries.items()}
+    assert all(len(r.plan) == W for r in stored.values())
+    # a replaced trainer restores window 3 and re-runs step 4: its slot is the one the window holds
+    trainer = fresh(cfg)
+    later = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
+    later.restore(3, trainer)
+    result = trainer.train_step()
+    later.apply(result.step, 3, trainer)
+    before = bytes(store.entries[next(k for k in store.entries if k.iteration == 4)])
+    assert later.capture(4, trainer, result.seconds) > 0
+    after = store.entries[next(k for k in store.entries if k.iteration == 4)]
+    assert bytes(after) == before, "the re-captured slot differs from the window's"
+    # a process that never saw the window adopts its schedule from slot 0; without slot 0 it captures nothing
+    blind = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
+    target = fresh(cfg)
+    target.load_state(dense[7])
+    assert blind.capture(7, target, 0.01) > 0
+    key7 = next(k for k in store.entries if k.iteration == 7)
+    assert unpack_slot(store.entries[key7], snapshot(dense[7]), layout=Layout(), rank=0,
+                       rules=trainer.rules).plan == stored[6].plan
+    del store.entries[next(k for k in store.entries if k.iteration == 6)]
+    orphan = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
+    assert orphan.capture(7, target, 0.01) == 0

@@ -13,7 +13,13 @@ The key names are in :mod:`lifeline.catalog._keys`; nothing outside this part sp
 
 from lifeline.catalog._catalog import Catalog, CatalogView
 from lifeline.catalog._keys import Keys
-from lifeline.catalog.documents import CorruptionReport, LogCoverage, ProgressReport, SidecarRegistration
+from lifeline.catalog.documents import (
+    CorruptionReport,
+    LogCoverage,
+    PersistedWindows,
+    ProgressReport,
+    SidecarRegistration,
+)
 
-__all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "ProgressReport",
-           "SidecarRegistration"]
+__all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "PersistedWindows",
+           "ProgressReport", "SidecarRegistration"]

@@ -11,7 +11,13 @@ import redis
 from lifeline.api.recovery import TIERS, Holding, RecoveryPlan, Tier
 from lifeline.catalog import _scripts
 from lifeline.catalog._keys import Keys, holder_member, parse_member
-from lifeline.catalog.documents import CorruptionReport, LogCoverage, ProgressReport, SidecarRegistration
+from lifeline.catalog.documents import (
+    CorruptionReport,
+    LogCoverage,
+    PersistedWindows,
+    ProgressReport,
+    SidecarRegistration,
+)
 from lifeline.errors import CatalogError, LifelineError
 
 __all__ = ["Catalog", "CatalogView"]
@@ -30,6 +36,7 @@ class CatalogView:
         holdings: verified copies at the steps read.
         complete_step: the latest complete step (``None``: none yet).
         log_coverage: upstream-log coverage per rank.
+        windows: sparse windows committed to L2, per rank.
     """
 
     generation: int = 0
@@ -38,6 +45,7 @@ class CatalogView:
     holdings: frozenset[Holding] = frozenset()
     complete_step: int | None = None
     log_coverage: tuple[LogCoverage, ...] = ()
+    windows: tuple[PersistedWindows, ...] = ()
 
 
 class Catalog:
@@ -270,6 +278,17 @@ class Catalog:
         raw = self._call(self._r.hgetall, self.keys.logs)
         return tuple(self._call(LogCoverage.from_json, int(s), v) for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])))
 
+    # --- sparse windows in L2 -------------------------------------------------------------------
+    def record_windows(self, windows: PersistedWindows) -> None:
+        """Record which sparse windows of ``windows.rank`` are committed to L2."""
+        self._call(self._r.hset, self.keys.windows, str(windows.rank), windows.to_json())
+
+    def persisted_windows(self) -> tuple[PersistedWindows, ...]:
+        """The recorded L2 windows of every rank that has some, by rank."""
+        raw = self._call(self._r.hgetall, self.keys.windows)
+        return tuple(self._call(PersistedWindows.from_json, int(s), v)
+                     for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])))
+
     # --- ownership -----------------------------------------------------------------------------
     def own(self, uid: str) -> bool:
         """Make the job name's keys belong to the TrainingJob ``uid``: a new job of an old name must
@@ -310,4 +329,5 @@ class Catalog:
             holdings=self.holdings_at(sorted(steps)),
             complete_step=self.latest_complete_step(),
             log_coverage=self.log_coverage(),
+            windows=self.persisted_windows(),
         )

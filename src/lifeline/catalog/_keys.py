@@ -17,6 +17,7 @@ All keys are namespaced ``lifeline:<job>:``:
 ``progress``                   hash rank -> the rank's latest :class:`~lifeline.catalog.ProgressReport`
 ``rdzv:<generation>``          ``host:port`` of that generation's rendezvous store
 ``logs``                       hash stage -> upstream-log coverage ``{"first": s, "last": s}``
+``windows``                    hash rank -> its sparse windows committed to L2 ``{"starts": [...], "window": W}``
 ``owner``                      UID of the TrainingJob owning these keys
 =============================  =====================================================================
 """
@@ -78,6 +79,7 @@ class Keys:
     generation = property(lambda self: f"{self.prefix}generation")
     progress = property(lambda self: f"{self.prefix}progress")
     logs = property(lambda self: f"{self.prefix}logs")
+    windows = property(lambda self: f"{self.prefix}windows")
     owner = property(lambda self: f"{self.prefix}owner")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from lifeline.errors import CatalogError
 
-__all__ = ["SidecarRegistration", "ProgressReport", "CorruptionReport", "LogCoverage"]
+__all__ = ["SidecarRegistration", "ProgressReport", "CorruptionReport", "LogCoverage", "PersistedWindows"]
 
 
 def _object(text: str | bytes, what: str) -> dict[str, Any]:
@@ -181,3 +181,26 @@ class LogCoverage:
             return cls(rank, int(d["first"]), int(d["last"]))
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed upstream-log coverage: {err!r}") from None
+
+
+@dataclass(frozen=True)
+class PersistedWindows:
+    """The sparse windows of one rank committed to L2 (``windows`` hash, field = rank): the starts of
+    the windows whose W slots and manifest are in storage (``<job>/windows/rank-<r>/``), ascending.
+    Written by the rank's sidecar after each window manifest and after it deletes older windows."""
+
+    rank: int
+    starts: tuple[int, ...]
+    window: int
+
+    def to_json(self) -> str:
+        return json.dumps({"starts": list(self.starts), "window": self.window}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, rank: int, text: str | bytes) -> PersistedWindows:
+        """Raises: CatalogError: not a persisted-windows document."""
+        d = _object(text, "persisted windows")
+        try:
+            return cls(rank, tuple(sorted(int(s) for s in d["starts"])), int(d["window"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise CatalogError(f"malformed persisted windows: {err!r}") from None

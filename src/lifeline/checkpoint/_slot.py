@@ -32,7 +32,7 @@ from lifeline.checkpoint._plan import plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import ChecksumError, ConfigError, ManifestError
 
-__all__ = ["OperatorMembers", "SlotRecord", "pack_slot", "slot_entries", "unpack_slot"]
+__all__ = ["OperatorMembers", "SlotRecord", "pack_slot", "slot_entries", "slot_record", "unpack_slot"]
 
 _MAGIC = b"LLSLOT1\n"
 _LEN = struct.Struct("<Q")
@@ -57,6 +57,9 @@ class SlotRecord:
         index: this slot, ``0 <= index < window``; the step captured is ``start + index``.
         active: operators captured ACTIVE at this step (weights + optimizer state).
         frozen: operators captured FROZEN (weights only): those of the window's later slots.
+        plan: the window's whole schedule, ``plan[i]`` the operators ACTIVE at slot ``i`` (empty:
+            not recorded). Every slot carries it, so a trainer that restarts inside a window goes on
+            capturing with the same schedule (its slots then compose with the earlier ones).
 
     Raises:
         ConfigError: ``window`` < 1, ``index`` outside the window, ``start`` not a multiple of
@@ -68,8 +71,13 @@ class SlotRecord:
     index: int
     active: tuple[str, ...]
     frozen: tuple[str, ...]
+    plan: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.plan and (len(self.plan) != self.window or tuple(self.plan[self.index]) != tuple(self.active)
+                          or tuple(n for p in self.plan[self.index + 1:] for n in p) != tuple(self.frozen)):
+            raise ConfigError(f"slot {self.index}'s active and frozen operators do not match the window's plan",
+                              field="plan")
         if self.window < 1 or not 0 <= self.index < self.window or self.start < 0 or self.start % self.window:
             raise ConfigError(f"slot {self.index} of a window of {self.window} starting at step {self.start}: the "
                               "window must be >= 1, the slot inside it and the start a multiple of it", field="window")
@@ -83,14 +91,18 @@ class SlotRecord:
         return self.start + self.index
 
     def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "window": self.window, "index": self.index, "active": list(self.active),
-                "frozen": list(self.frozen)}
+        out = {"start": self.start, "window": self.window, "index": self.index, "active": list(self.active),
+               "frozen": list(self.frozen)}
+        if self.plan:
+            out["plan"] = [list(p) for p in self.plan]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SlotRecord:
         """Inverse of :meth:`to_dict`; :class:`ManifestError` when malformed."""
         try:
-            return cls(int(d["start"]), int(d["window"]), int(d["index"]), tuple(d["active"]), tuple(d["frozen"]))
+            return cls(int(d["start"]), int(d["window"]), int(d["index"]), tuple(d["active"]), tuple(d["frozen"]),
+                       tuple(tuple(p) for p in d.get("plan", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise ManifestError(f"malformed slot record: {err!r}") from err
 
@@ -156,15 +168,7 @@ def unpack_slot(data: Any, into: MutableMapping[str, Any], *, layout: Layout, ra
         LayoutError: ``into`` lacks an entry or has another shape or dtype.
     """
     view = memoryview(data).cast("B")
-    if bytes(view[: len(_MAGIC)]) != _MAGIC:
-        raise ManifestError("not a sparse-checkpoint slot (bad magic)")
-    (n,) = _LEN.unpack_from(view, len(_MAGIC))
-    body = len(_MAGIC) + _LEN.size + n
-    try:
-        header = json.loads(bytes(view[len(_MAGIC) + _LEN.size : body]))
-        record, stored = SlotRecord.from_dict(header["slot"]), ShardMetadata.from_dict(header["meta"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ManifestError(f"malformed slot header: {err!r}") from err
+    record, stored, body = _header(view)
     blob = view[body:]
     if len(blob) != stored.nbytes:
         raise ChecksumError(f"slot of step {record.step} has {len(blob)} blob bytes, its metadata {stored.nbytes}",
@@ -184,3 +188,25 @@ def unpack_slot(data: Any, into: MutableMapping[str, Any], *, layout: Layout, ra
     into.update((k, v) for k, v in target.items() if not isinstance(v, torch.Tensor))
     return record
 
+
+
+def slot_record(data: Any) -> SlotRecord:
+    """The :class:`SlotRecord` in a packed slot's header (nothing else is read or verified).
+
+    Raises:
+        ManifestError: not a slot (bad magic or header).
+    """
+    return _header(memoryview(data).cast("B"))[0]
+
+
+def _header(view: memoryview) -> tuple[SlotRecord, ShardMetadata, int]:
+    """``(record, blob metadata, offset of the blob)`` of a packed slot."""
+    if len(view) < len(_MAGIC) + _LEN.size or bytes(view[: len(_MAGIC)]) != _MAGIC:
+        raise ManifestError("not a sparse-checkpoint slot (bad magic)")
+    (n,) = _LEN.unpack_from(view, len(_MAGIC))
+    body = len(_MAGIC) + _LEN.size + n
+    try:
+        header = json.loads(bytes(view[len(_MAGIC) + _LEN.size : body]))
+        return SlotRecord.from_dict(header["slot"]), ShardMetadata.from_dict(header["meta"]), body
+    except (ValueError, KeyError, TypeError) as err:
+        raise ManifestError(f"malformed slot header: {err!r}") from err

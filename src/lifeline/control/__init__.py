@@ -55,7 +55,7 @@ from lifeline.control.interval import AdaptiveInterval, checkpoint_interval, dal
 from lifeline.control.placement import node_groups, place_replicas
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
-from lifeline.control.state import ClusterState, JobState, NodeState, UpstreamLog, stage_of
+from lifeline.control.state import ClusterState, JobState, NodeState, StoredWindows, UpstreamLog, stage_of
 
 __all__ = [
     "EXIT_COLLECTIVE_ERROR",
@@ -90,6 +90,7 @@ __all__ = [
     "StepStalled",
     "SystemCosts",
     "Tier",
+    "StoredWindows",
     "UpstreamLog",
     "checkpoint_interval",
     "classify",

@@ -39,7 +39,7 @@ from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
 from lifeline.control.failures import CollectiveErrorReported, HeartbeatExpired, Signal, StepStalled, classify
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
-from lifeline.control.state import ClusterState, JobState, UpstreamLog
+from lifeline.control.state import ClusterState, JobState, StoredWindows, UpstreamLog
 
 __all__ = ["SETTLE_SECONDS", "SidecarState", "CatalogFacts", "Observed", "Record", "Settle", "Decision", "decide"]
 
@@ -65,6 +65,19 @@ class _Coverage(Protocol):
     def last_step(self) -> int: ...
 
 
+class _Windows(Protocol):
+    """A rank's sparse windows committed to L2 (``lifeline.catalog.PersistedWindows`` has it)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def starts(self) -> tuple[int, ...]: ...
+
+    @property
+    def window(self) -> int: ...
+
+
 class _View(Protocol):
     """What :meth:`CatalogFacts.of` reads (``lifeline.catalog.CatalogView`` has it)."""
 
@@ -86,6 +99,9 @@ class _View(Protocol):
     @property
     def log_coverage(self) -> Iterable[_Coverage]: ...
 
+    @property
+    def windows(self) -> Iterable[_Windows]: ...
+
 
 @dataclass(frozen=True)
 class CatalogFacts:
@@ -98,6 +114,7 @@ class CatalogFacts:
         holdings: verified copies of the recent steps.
         complete_step: the latest complete step (``None``: none yet).
         upstream_logs: upstream-log coverage per rank.
+        stored_windows: sparse windows committed to L2 per rank.
     """
 
     generation: int = 0
@@ -106,6 +123,7 @@ class CatalogFacts:
     holdings: frozenset[Holding] = frozenset()
     complete_step: int | None = None
     upstream_logs: tuple[UpstreamLog, ...] = ()
+    stored_windows: tuple[StoredWindows, ...] = ()
 
     @classmethod
     def of(cls, view: _View) -> CatalogFacts:
@@ -117,6 +135,7 @@ class CatalogFacts:
             holdings=view.holdings,
             complete_step=view.complete_step,
             upstream_logs=tuple(UpstreamLog(c.rank, c.first_step, c.last_step) for c in view.log_coverage),
+            stored_windows=tuple(StoredWindows(w.rank, tuple(w.starts), w.window) for w in view.windows),
         )
 
 
@@ -313,6 +332,7 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
             holdings=facts.holdings,
             latest_complete_step=facts.complete_step,
             upstream_logs=facts.upstream_logs,
+            stored_windows=facts.stored_windows,
             interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
         )
         plan = plan_recovery(state, failures, spec, now=now)

@@ -41,6 +41,7 @@ from lifeline.api.recovery import (
     Tier,
 )
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
+from lifeline.control.placement import place_replicas
 from lifeline.control.state import JobState, UpstreamLog, stage_of
 from lifeline.errors import RecoveryError
 
@@ -141,6 +142,16 @@ def plan_recovery(
     mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
     any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
     window = _latest_window(everyone, {log.rank: log for log in state.upstream_logs}, spec, state.step)
+    if window is not None and not _slots_survive(everyone, lost, state, spec):
+        window = None
+    stored = _latest_stored_window(everyone, state, spec)
+    if stored is not None and all(s is None or stored > s for s in (mem_step, any_step, window)):
+        src = {r: RestoreSource(r, "L2", None, None) for r in everyone}
+        end = stored + spec.checkpoint.sparse.window - 1
+        return plan(RecoveryAction.ROLLBACK, stored, src, everyone,
+                    f"memory tiers do not hold a newer copy; every rank's sparse window of steps {stored}..{end} is "
+                    f"committed to L2, newer than any dense copy: all ranks restore its first slot from L2 and "
+                    f"re-run to step {state.step}, applying its slots up to step {end} (sparse-to-dense conversion)")
     if window is not None and all(s is None or window > s for s in (mem_step, any_step)):
         src = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in everyone}
         end = window + spec.checkpoint.sparse.window - 1
@@ -256,9 +267,13 @@ def _localized_replay(
     step, sources = _latest_covered(ranks, usable, TIERS, state.step)
     logs = {log.rank: log for log in state.upstream_logs}
     window = _latest_window(ranks, logs, spec, state.step)
-    if window is not None and (step is None or window > step):
+    if window is not None and (step is None or window > step) and _slots_survive(ranks, lost, state, spec):
         step = window  # slots live in the log store: the lost ranks' copies are their L1 peers'
         sources = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in ranks}
+    stored = _latest_stored_window(ranks, state, spec)
+    if stored is not None and (step is None or stored > step):
+        step = stored  # the window's slots are read from L2 (their memory copies are gone)
+        sources = {r: RestoreSource(r, "L2", None, None) for r in ranks}
     if step is None:
         return None
     for rank in ranks:
@@ -289,9 +304,31 @@ def _latest_window(ranks: Sequence[int], logs: dict[int, UpstreamLog], spec: Tra
     return start
 
 
+def _slots_survive(ranks: Sequence[int], lost: set[int], state: JobState, spec: TrainingJobSpec) -> bool:
+    """Whether the memory copies of the slots of every rank of ``ranks`` survive: a lost rank's
+    slots are held only by its L1 peers (Gemini placement), so one of them must not be lost too."""
+    peers = place_replicas(state.node_of_rank, spec.checkpoint.peer_replicas)
+    return all(any(p not in lost for p in peers[r]) for r in ranks if r in lost)
+
+
+def _latest_stored_window(ranks: Sequence[int], state: JobState, spec: TrainingJobSpec) -> int | None:
+    """The start of the latest sparse window committed to L2 by every rank of ``ranks`` (all its W
+    slots ending at or before the current step), or ``None``."""
+    sparse = spec.checkpoint.sparse
+    if sparse is None:
+        return None
+    w = sparse.window
+    stored = {s.rank: s for s in state.stored_windows if s.window == w}
+    if any(r not in stored for r in ranks):
+        return None
+    common = set.intersection(*(set(stored[r].starts) for r in ranks)) if ranks else set()
+    starts = [s for s in common if 0 < s and s + w - 1 <= state.step]
+    return max(starts, default=None)
+
+
 def _window_chosen(state: JobState, spec: TrainingJobSpec, ranks: Sequence[int], step: int) -> bool:
     logs = {log.rank: log for log in state.upstream_logs}
-    return _latest_window(ranks, logs, spec, state.step) == step
+    return step in (_latest_window(ranks, logs, spec, state.step), _latest_stored_window(ranks, state, spec))
 
 
 def _neighbours(rank: int, layout: LayoutSpec) -> tuple[int, ...]:

@@ -13,7 +13,8 @@ from lifeline.api.recovery import TIERS, Holding, Tier
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction
 from lifeline.errors import ConfigError
 
-__all__ = ["Tier", "TIERS", "NodeState", "ClusterState", "Holding", "UpstreamLog", "JobState", "stage_of"]
+__all__ = ["Tier", "TIERS", "NodeState", "ClusterState", "Holding", "UpstreamLog", "StoredWindows", "JobState",
+           "stage_of"]
 
 def stage_of(rank: int, layout: LayoutSpec) -> int:
     """Pipeline stage of a global rank under the Megatron rank order of :mod:`lifeline.checkpoint`
@@ -70,6 +71,16 @@ class UpstreamLog:
 
 
 @dataclass(frozen=True)
+class StoredWindows:
+    """The sparse windows (MoEvement §4) of ``rank`` committed to L2: each of ``starts`` begins a
+    window of ``window`` steps whose slots and manifest are in storage."""
+
+    rank: int
+    starts: tuple[int, ...]
+    window: int
+
+
+@dataclass(frozen=True)
 class JobState:
     """A job at the moment a failure is acted on.
 
@@ -83,6 +94,7 @@ class JobState:
         holdings: verified copies per (step, rank, tier), from the catalog.
         latest_complete_step: the catalog's latest complete step, if any (reported only).
         upstream_logs: upstream-log coverage per rank (empty when localized replay is off).
+        stored_windows: sparse windows committed to L2 per rank (empty without sparse checkpoints).
         interrupted: the action of a recovery still under way when this failure came (a failure
             during a localized replay falls back to a global rung).
     """
@@ -96,6 +108,7 @@ class JobState:
     holdings: frozenset[Holding] = field(default_factory=frozenset)
     latest_complete_step: int | None = None
     upstream_logs: tuple[UpstreamLog, ...] = ()
+    stored_windows: tuple[StoredWindows, ...] = ()
     interrupted: RecoveryAction | None = None
 
     def __post_init__(self) -> None:

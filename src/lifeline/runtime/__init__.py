@@ -21,6 +21,7 @@ _EXPORTS = {
     "Checkpointer": "_checkpointer",
     "StorageCheckpointer": "_checkpointer",
     "SidecarCheckpointer": "_sidecar",
+    "SparseWindows": "_sparse",
     "staged_key": "_checkpointer",
     "RuntimeContext": "_context",
     "init": "_context",

@@ -30,6 +30,7 @@ from lifeline.checkpoint import (
     pack_slot,
     plan_window,
     slot_entries,
+    slot_record,
     unpack_slot,
     with_window,
 )
@@ -69,6 +70,8 @@ class SparseWindows:
         self._taken = (0, 0.0)
         self._activations: dict[str, int] = {}
         self._copy_bps = _DEFAULT_COPY_BPS
+        self._window_plan: tuple[int, tuple[tuple[str, ...], ...]] | None = None
+        """``(start, plan)``: the schedule slots of the current window are captured with."""
 
     # ------------------------------------------------------------------ capture
     def capture(self, step: int, trainer: Any, step_seconds: float) -> int:
@@ -81,11 +84,16 @@ class SparseWindows:
         for name, n in trainer.expert_activations().items():
             self._activations[name] = self._activations.get(name, 0) + n
         index = step % self.window
-        if index == 0 or self.schedule is None:
-            self._plan(trainer, step_seconds)
-        slots = self.schedule.slots
-        record = SlotRecord(step - index, self.window, index, tuple(slots[index]),
-                            tuple(n for s in slots[index + 1 :] for n in s))
+        start = step - index
+        if index == 0:
+            self._plan(trainer, step_seconds, start)
+        elif self._window_plan is None or self._window_plan[0] != start:
+            self._adopt(start)  # a new process inside a window goes on with the window's schedule
+            if self._window_plan is None or self._window_plan[0] != start:
+                return 0  # the window's schedule is unknown: this window stays incomplete here
+        slots = self._window_plan[1]
+        record = SlotRecord(start, self.window, index, tuple(slots[index]),
+                            tuple(n for s in slots[index + 1 :] for n in s), slots)
         _, members = trainer.sparse_operators()
         entries = slot_entries(trainer.state(), record, members)
         packed = pack_slot(entries, record, job=self.job, layout=self.layout, rank=self.rank, rules=self.rules)
@@ -97,7 +105,18 @@ class SparseWindows:
         self.seconds += time.perf_counter() - t0
         return len(packed)
 
-    def _plan(self, trainer: Any, step_seconds: float) -> None:
+    def _adopt(self, start: int) -> None:
+        """Take the schedule of the window starting at ``start`` from its slot 0 (held by this
+        sidecar, a peer or L2); leaves it unknown when that slot is not available."""
+        try:
+            data = self._client().get_log(LogKey(start, 0, self.stage, "slot"), rank=self.rank)
+            record = slot_record(data)
+        except LifelineError:
+            return
+        if record.plan and record.start == start:
+            self._window_plan = (start, record.plan)
+
+    def _plan(self, trainer: Any, step_seconds: float, start: int) -> None:
         """Plan the window starting now: MoEvement's order over the last window's activation counts,
         the most operators per slot within the budget, stretched to W. When even one operator per
         slot exceeds the budget for W steps, W stays (every rank must use the same W) and the
@@ -108,6 +127,7 @@ class SparseWindows:
         self.over_budget = planned.window > self.window
         base = plan_window(ops, budget_bytes=_UNBOUNDED) if self.over_budget else planned
         self.schedule = with_window(base, self.window)
+        self._window_plan = (start, tuple(tuple(s) for s in self.schedule.slots))
         self._activations = {}
 
     def take_counts(self) -> dict[str, float]:
@@ -154,6 +174,8 @@ class SparseWindows:
             raise RecoveryError(f"the slot stored for step {step} is of step {record.step}", job=self.job,
                                 rank=self.rank, step=step)
         trainer.load_state(full)
+        if record.plan:  # captures inside this window go on with its schedule
+            self._window_plan = (record.start, record.plan)
         return record
 
 

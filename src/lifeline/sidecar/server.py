@@ -37,6 +37,7 @@ from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
 from lifeline.sidecar._restore import Restorer
 from lifeline.sidecar._upload import S3Uploader
+from lifeline.sidecar._windows import WindowPersister
 from lifeline.sidecar._workers import Heartbeat, PersistDue, Persister, Replicator, Watermarks
 from lifeline.sidecar.metrics import SidecarMetrics, serve_http
 from lifeline.sidecar.peer import PeerClient
@@ -74,6 +75,8 @@ class Sidecar:
         self.storage: Storage | None = found[0] if found else None
         self.prefix = found[1] if found else ""
         self.uploader = self._make_uploader()
+        self.windows: WindowPersister | None = None
+        """Persists the rank's sparse-checkpoint slots to L2 (only when the sidecar persists)."""
         self.restorer = Restorer(self.memory, self.link, self.peers, found, job=self.job, rank=self.rank,
                                  wait_sealed=self.wait_sealed)
         self.marks = Watermarks()
@@ -185,6 +188,10 @@ class Sidecar:
             put = self.uploader.put if self.uploader is not None else self.storage.put
             self._spawn("persister", Persister(self.persist_due, self.storage, self.prefix, put, job=self.job,
                                                world_size=s.world_size, **common).run)
+            self.windows = WindowPersister(self.storage, self.prefix, put, job=self.job, rank=self.rank,
+                                           memory=self.memory, link=self.link, metrics=self.metrics,
+                                           stopping=self.stopping)
+            self._spawn("windows", self.windows.run)
         self._spawn("heartbeat", Heartbeat(self.link, self.memory, self._registration, period=s.heartbeat_seconds,
                                            metrics=self.metrics, stopping=self.stopping,
                                            on_change=self.update_gauges).run)
@@ -227,6 +234,8 @@ class Sidecar:
                 pass
             sk.close()
         self.persist_due.wake()
+        if self.windows is not None:
+            self.windows.stop()
         self.seal_q.put(None)
         self.repl_q.put(None)
         if self.http is not None:

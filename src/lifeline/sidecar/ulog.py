@@ -6,6 +6,10 @@ sidecar memory, then replicated to the same peers as its checkpoints (Gemini pla
 failed stage's neighbours' logs survive a node loss (MoEvement's localized recovery). Entries are
 verified with a crc32c on every transfer. Garbage collection drops entries of iterations before a
 bound (typically the iteration of the latest complete checkpoint).
+
+Sparse-checkpoint slots (direction ``"slot"``) are also persisted to L2 by the sidecar's
+:class:`~lifeline.sidecar._windows.WindowPersister`; a slot held neither here nor by a peer is
+read from its committed window in storage (verified against the window manifest).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from lifeline.checkpoint import read_window_slot
 from lifeline.control import place_replicas
 from lifeline.errors import ChecksumError, LifelineError, PeerError
 from lifeline.sidecar._frames import crc32c, recv_data_into, send_ctrl, send_data
@@ -47,6 +52,9 @@ def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
         if sc.s.peer_replicas > 0:
             h.pins += 1
             sc.repl_q.put(h)
+        if key.direction == "slot" and sc.windows is not None:  # sparse checkpoints persist to L2
+            h.pins += 1
+            sc.windows.offer(h)
         send_ctrl(conn, {"op": "ok"})
     elif op == "log_get":
         key = LogKey.from_dict(msg["key"])
@@ -91,5 +99,14 @@ def _find(sc: Sidecar, key: LogKey, rank: int) -> tuple[memoryview, str]:
             return buf, meta
         except (PeerError, LifelineError, OSError) as err:
             errors.append(f"rank {k}: {err}")
+    if key.direction == "slot" and sc.storage is not None:
+        try:
+            data, _ = read_window_slot(sc.storage, sc.prefix, sc.job, rank, key.iteration)
+            return memoryview(data), json.dumps({"key": key.to_dict(), "crc32c": crc32c(data), "tier": "L2"})
+        except ChecksumError as err:
+            sc.report_corrupt(err, "L2", "storage")
+            errors.append(f"L2: {err}")
+        except LifelineError as err:
+            errors.append(f"L2: {err}")
     raise LifelineError(f"upstream log {key} of rank {rank} is not held anywhere: {'; '.join(errors) or 'no peers'}",
                         rank=rank, step=key.iteration)

@@ -1,0 +1,103 @@
+"""Sparse windows in L2 and offline sparse-to-dense conversion (``lifeline ckpt densify``), end to end.
+
+A real ``lifeline run`` (2 pipeline stages, real sidecars persisting to a directory, sparse windows
+of 3 steps, every step also checkpointed densely and persisted) leaves both kinds of copy in L2. The
+conversion of a window, run offline from L2 alone, must equal the dense checkpoint of the window's
+last step bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lifeline.checkpoint import consolidate, list_steps, read_window_manifest, storage_from_uri, window_starts
+
+from ._jobs import job_doc, lifeline_run, trainer_events, write_job
+
+W = 3
+
+
+def _doc(name: str, persist_every: int) -> dict:
+    doc = job_doc(name, pipeline=2, data=1)
+    doc["spec"]["checkpoint"].update(sparse={"window": W}, persist={"every": persist_every, "uri": "file:///unused"})
+    doc["spec"]["recovery"].update(localizedReplay=True)
+    doc["spec"]["recovery"].pop("elastic")
+    return doc
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sparse-l2")
+    spec = write_job(root / "job.yaml", _doc("sparse-l2", 1))
+    summary = lifeline_run(spec, root / "state", "--persist-uri", str(root / "l2"))
+    assert summary["phase"] == "Succeeded" and summary["recoveries"] == []
+    return root, spec, summary
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+
+
+def _densify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lifeline", "ckpt", "densify", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_every_rank_commits_its_last_two_windows_to_l2(run):
+    root, _, _ = run
+    storage, prefix = storage_from_uri(str(root / "l2"))
+    for rank in (0, 1):  # 12 steps: windows 3, 6, 9 complete (window 0 has no slot 0); the two newest kept
+        assert window_starts(storage, prefix, "sparse-l2", rank) == [6, 9]
+        manifest = read_window_manifest(storage, prefix, "sparse-l2", rank, 9)
+        active = [op for s in manifest.slots for op in s.record.active]
+        assert len(active) == len(set(active)) and manifest.slots[-1].record.frozen == ()
+
+
+def test_a_window_densified_offline_equals_the_dense_checkpoint_of_its_last_step(run, tmp_path):
+    root, spec, _ = run
+    out = tmp_path / "dense"
+    out.mkdir()
+    proc = _densify(str(root / "l2"), "--spec", str(spec), "--window", "6", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["window_start"], result["step"], result["world_size"]) == (6, 8, 2) and result["bytes_read"] > 0
+    storage, prefix = storage_from_uri(str(root / "l2"))
+    converted, cprefix = storage_from_uri(str(out))
+    assert list_steps(converted, cprefix, "sparse-l2") == [8]
+    _same(consolidate(converted, cprefix, "sparse-l2", 8), consolidate(storage, prefix, "sparse-l2", 8))
+    # the default window is the latest every rank committed; a step already stored is never overwritten
+    proc = _densify(str(root / "l2"), "--spec", str(spec), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 11
+    _same(consolidate(converted, cprefix, "sparse-l2", 11), consolidate(storage, prefix, "sparse-l2", 11))
+    proc = _densify(str(root / "l2"), "--spec", str(spec))
+    assert proc.returncode == 2 and "already has a checkpoint of step 11" in proc.stderr
+
+
+def test_losing_every_node_restores_the_window_from_l2_and_ends_bit_identical(tmp_path):
+    """Both nodes lost at step 7: no memory copy survives and no dense copy was persisted yet
+    (persist every 10), so every rank restores its latest window from L2 and re-runs it. The
+    reference is the same spec without failures (the summary's digest is computed from the same
+    source, the final step's checksums, in both)."""
+    reference = lifeline_run(write_job(tmp_path / "ref.yaml", _doc("sparse-l2-ref", 10)), tmp_path / "ref",
+                             "--persist-uri", str(tmp_path / "ref-l2"))
+    assert reference["recoveries"] == []
+    spec = write_job(tmp_path / "job.yaml", _doc("sparse-l2-lost", 10))
+    summary = lifeline_run(spec, tmp_path / "state", "--persist-uri", str(tmp_path / "l2"),
+                           "--inject-failure", "node:rank=0:step=7", "--inject-failure", "node:rank=1:step=7")
+    assert summary["phase"] == "Succeeded"
+    first = summary["recoveries"][0]
+    assert (first["action"], first["tier"]) == ("Rollback", "L2")
+    # the latest window every rank committed: 3..5, or 6..8 when step 8 finished before the kill
+    assert first["restore_step"] in (3, 6) and first["restore_step"] + W - 1 <= first["from_step"] + 1
+    restores = [e for e in trainer_events(tmp_path / "state") if e.get("event") == "restore" and e["generation"] == 1]
+    assert {(e["rank"], e.get("source")) for e in restores} == {(0, "window"), (1, "window")}
+    assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
