@@ -15,12 +15,15 @@ WORKER = Path(__file__).with_name("_worker.py")
 STEPS = 24
 
 
-def run_ranks(tmp: Path, name: str, pipeline: int, data: int, steps: int = STEPS) -> list[dict]:
-    """Run every rank as a subprocess; returns per rank {"losses", "step", "state"}."""
+def run_ranks(tmp: Path, name: str, pipeline: int, data: int, steps: int = STEPS, *, tensor: int = 1,
+              expert: int = 1, model: dict | None = None) -> list[dict]:
+    """Run every rank as a subprocess; returns per rank {"losses", "step", "state" (its tensors),
+    "bytes" (its byte entries: data position, RNG)}."""
     out = tmp / name
     out.mkdir()
-    world = pipeline * data
-    cfg = json.dumps({"pipeline": pipeline, "data": data, "steps": steps, "store": str(out / "store")})
+    world = tensor * pipeline * data * expert
+    cfg = json.dumps({"tensor": tensor, "pipeline": pipeline, "data": data, "expert": expert, "steps": steps,
+                      "store": str(out / "store"), "model": model or {}})
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(out), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
@@ -36,7 +39,9 @@ def run_ranks(tmp: Path, name: str, pipeline: int, data: int, steps: int = STEPS
     results = []
     for r in range(world):
         info = json.loads((out / f"rank-{r}.json").read_text())
-        info["state"] = torch.load(out / f"rank-{r}.pt")
+        saved = torch.load(out / f"rank-{r}.pt")
+        info["state"] = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+        info["bytes"] = {k: v for k, v in saved.items() if not isinstance(v, torch.Tensor)}
         results.append(info)
     return results
 
