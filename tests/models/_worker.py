@@ -3,7 +3,7 @@
 CONFIG_JSON: {"pipeline", "data", "tensor" (1), "expert" (1), "steps", "store", "model": {...}}. Ranks
 meet through a ``FileStore`` (no ports to pick); gloo connects over loopback. Writes
 ``OUT_DIR/rank-<r>.pt`` (final state: parameters, AdamW state, data position and RNG bytes) and
-``OUT_DIR/rank-<r>.json`` (per-step losses).
+``OUT_DIR/rank-<r>.json`` (per-step losses and wall seconds).
 """
 
 import json
@@ -27,13 +27,15 @@ def main() -> None:
                                 timeout=timedelta(seconds=120))
     trainer = GPTMoESpec(GPTMoEConfig.from_mapping(cfg.get("model", {}))).build(layout, rank)
     trainer.connect()
-    losses = []
+    losses, seconds = [], []
     for _ in range(cfg["steps"]):
-        losses.append(trainer.train_step().loss)
+        result = trainer.train_step()
+        losses.append(result.loss)
+        seconds.append(result.seconds)
     state = {k: v.clone() if isinstance(v, torch.Tensor) else bytes(v) for k, v in trainer.state().items()}
     torch.save(state, f"{out}/rank-{rank}.pt")
     with open(f"{out}/rank-{rank}.json", "w") as f:
-        json.dump({"losses": losses, "step": trainer.step}, f)
+        json.dump({"losses": losses, "seconds": seconds, "step": trainer.step}, f)
     if layout.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
