@@ -124,6 +124,18 @@ def test_expert_parallel_repeats_bit_identically(expert2):
     assert_bit_identical(*expert2)
 
 
+def test_expert_and_data_parallel_together_match_data_parallel(tmp_path):
+    # D=2 x E=2: expert gradients summed over the data replicas of the same experts (expert_data
+    # group), the rest over all four replica groups (dense group); D=4 reads the same global batch
+    de = run(tmp_path, "d2e2", data=2, expert=2)
+    d4 = run(tmp_path, "d4", data=4)
+    assert all(info["losses"] == de[0]["losses"] for info in de)
+    assert de[0]["losses"] == pytest.approx(d4[0]["losses"], rel=1e-5)
+    layout = Layout(data=2, expert=2)
+    assert replicated(de, layout, lambda c: c.expert) > 0  # data replicas hold the same experts
+    assert_close_params(consolidated(de, layout), consolidated(d4, Layout(data=4)))
+
+
 def test_four_dimensional_layout_trains_and_repeats_bit_identically(reference, four_d):
     a, b = four_d
     layout = Layout(tensor=2, pipeline=2, expert=2)

@@ -52,17 +52,14 @@ def expert_parallel(rows: Tensor, counts: Sequence[int], experts: nn.ModuleDict,
     got = all_to_all(rows, send, recv, group)
     # got: sender-major, expert-minor blocks; gather each expert's rows over senders, in sender order
     sizes = [int(matrix[src, e]) for src in range(degree) for e in owned]
-    blocks = list(got.split(sizes)) if sizes else []
-    outputs: list[Tensor | None] = [None] * len(blocks)
+    blocks = list(got.split(sizes))
+    outputs: list[Tensor] = list(blocks)  # an expert that received nothing returns its empty blocks
     for k, e in enumerate(owned):
         idx = [src * len(owned) + k for src in range(degree)]
         inputs = torch.cat([blocks[i] for i in idx])
         if inputs.shape[0] == 0:
-            for i in idx:
-                outputs[i] = blocks[i]
             continue
         out = experts[str(e)](inputs)
         for i, piece in zip(idx, out.split([sizes[i] for i in idx])):
             outputs[i] = piece
-    back = torch.cat(outputs) if outputs else got
-    return all_to_all(back, recv, send, group)
+    return all_to_all(torch.cat(outputs), recv, send, group)
