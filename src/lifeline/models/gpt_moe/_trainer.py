@@ -162,7 +162,8 @@ class GPTMoETrainer:
         self.par.tensor_group, self.par.expert_group = self.groups.tensor, self.groups.expert
 
     def disconnect(self) -> None:
-        """Drop this generation's data-parallel group so its gloo sockets close with the process group.
+        """Drop this generation's groups (tensor, expert, data-parallel) so their gloo sockets close
+        with the process group.
 
         A group still referenced keeps its sockets open after the default group is destroyed, and
         the peers of this rank then wait out their whole collective timeout instead of seeing the
