@@ -46,8 +46,10 @@ def test_trainer_container_required_and_needs_a_command():
 def test_layout_the_model_cannot_take():
     assert _field(job_doc("bad", pipeline=4, data=1)) == "spec.layout.pipeline"  # 4 stages, 2 layers
     doc = job_doc("bad")
-    doc["spec"]["layout"]["tensor"], doc["spec"]["replicas"] = 2, 8
+    doc["spec"]["layout"]["tensor"], doc["spec"]["replicas"] = 3, 12  # 3 does not divide n_heads=4
     assert _field(doc) == "spec.layout.tensor"
+    doc["spec"]["layout"]["tensor"], doc["spec"]["replicas"] = 2, 8  # tensor parallel is supported
+    assert load_for_launch(doc) is not None
 
 
 def test_bad_model_argument():

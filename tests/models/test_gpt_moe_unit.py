@@ -10,6 +10,7 @@ from lifeline.checkpoint import save_states
 from lifeline.errors import ConfigError, LayoutError
 from lifeline.models.gpt_moe import (
     EOD_TOKEN,
+    check,
     GPTMoEConfig,
     GPTMoESpec,
     MoE,
@@ -73,6 +74,33 @@ def test_initialisation_is_layout_independent_and_padding_is_zero():
             assert torch.equal(v, whole[k]), k
     assert torch.count_nonzero(whole["embed.weight"][SMALL.vocab_size:]) == 0
     assert SMALL.padded_vocab == 320
+
+
+@pytest.mark.parametrize("layout", [Layout(tensor=2), Layout(expert=2), Layout(tensor=2, pipeline=2, expert=2),
+                                    Layout(tensor=4, expert=4)])
+def test_sharded_initialisation_consolidates_to_the_whole_one(layout):
+    # every rank draws the full tensor and keeps its shard: the shards, saved in `layout` and
+    # consolidated through the universal format, are the one-rank parameters bit for bit
+    storage = MemoryStorage()
+    ranks = [trainer(layout=layout, rank=r) for r in range(layout.world_size)]
+    save_states(storage, "ck", "init", 0, layout, ranks[0].rules, [t.state() for t in ranks])
+    full = consolidate(storage, "ck", "init", 0)
+    whole = trainer().state()
+    names = [k for k, v in whole.items() if isinstance(v, torch.Tensor)]
+    assert sorted(names) == sorted(full)
+    for k in names:
+        padded = k.endswith(("embed.weight", "lm_head.weight")) and not k.startswith("optim.step.")
+        expect = whole[k][: SMALL.vocab_size] if padded else whole[k]
+        assert torch.equal(full[k], expect), k
+    qkv = dict(ranks[1].model.named_parameters())["layers.0.attn.qkv.weight"] if layout.tensor > 1 else None
+    if qkv is not None:  # rank 1 holds the second slice of each of Q, K and V
+        d, part = SMALL.d_model, SMALL.d_model // layout.tensor
+        rows = torch.cat([whole["layers.0.attn.qkv.weight"][i * d + part: i * d + 2 * part] for i in range(3)])
+        assert torch.equal(qkv, rows)
+    experts = {k.split(".")[4] for r in ranks if r.coords.expert == layout.expert - 1
+               for k, _ in r.model.named_parameters() if ".experts." in k}
+    per = SMALL.n_experts // layout.expert
+    assert experts == {str(e) for e in range(SMALL.n_experts - per, SMALL.n_experts)}
 
 
 def test_padding_rows_stay_zero_while_training():
@@ -146,7 +174,7 @@ def test_moe_routes_top_k_and_balancing_loss_is_one_when_uniform():
     _, skewed = moe(x * 10)
     assert skewed.item() > 1.0
     out.sum().backward()
-    routed = [e for e in moe.experts if e.gate_up.weight.grad is not None]
+    routed = [e for e in moe.experts.values() if e.gate_up.weight.grad is not None]
     assert len(routed) >= cfg.top_k
 
 
@@ -167,11 +195,35 @@ def test_connect_without_a_process_group_is_a_config_error():
     assert err.value.field == "layout"
 
 
-def test_layouts_the_trainer_cannot_take():
-    with pytest.raises(LayoutError):
-        GPTMoEConfig().validate(Layout(tensor=2))
-    with pytest.raises(LayoutError):
-        GPTMoEConfig(n_layers=2).validate(Layout(pipeline=3))
+@pytest.mark.parametrize(
+    "cfg, layout, key, words",
+    [
+        (GPTMoEConfig(n_heads=4), Layout(tensor=3), "layout.tensor", "n_heads=4"),
+        (GPTMoEConfig(d_model=96, n_heads=6), Layout(tensor=4), "layout.tensor", "n_heads=6"),
+        (GPTMoEConfig(vocab_multiple=6), Layout(tensor=4), "layout.tensor", "padded_vocab=258"),
+        (GPTMoEConfig(d_expert=6), Layout(tensor=4), "layout.tensor", "d_expert=6"),
+        (GPTMoEConfig(n_experts=4), Layout(expert=3), "layout.expert", "n_experts=4"),
+        (GPTMoEConfig(n_layers=2), Layout(pipeline=3), "layout.pipeline", "n_layers=2"),
+    ],
+)
+def test_layouts_the_trainer_cannot_take(cfg, layout, key, words):
+    with pytest.raises(LayoutError) as err:
+        cfg.validate(layout)
+    assert err.value.key == key and words in err.value.message
+    degree = key.split(".")[1]
+    with pytest.raises(ConfigError) as checked:
+        check({k: v for k, v in cfg.__dict__.items() if k != "betas"}, layout.to_dict())
+    assert checked.value.field == key and words in checked.value.message, degree
+
+
+def test_layouts_the_trainer_takes():
+    for layout in (Layout(tensor=2), Layout(expert=2), Layout(expert=4), Layout(tensor=4, expert=2, pipeline=2),
+                   Layout(tensor=2, pipeline=2, data=3, expert=2)):
+        GPTMoEConfig().validate(layout)
+    GPTMoEConfig(shared_expert=False, d_expert=6).validate(Layout(tensor=2))  # no shared expert to split
+
+
+def test_unknown_config_field_is_named():
     with pytest.raises(ConfigError) as err:
         GPTMoEConfig.from_mapping({"d_modle": 3})
     assert err.value.field == "d_modle"

@@ -39,8 +39,8 @@ def check(args: Mapping[str, Any], layout: Mapping[str, int]) -> None:
     try:
         config.validate(Layout(**degrees))
     except LifelineError as err:
-        if err.key == "layout.pipeline":
-            degree = "pipeline"
+        if (err.key or "").startswith("layout.") and err.key[len("layout."):] in degrees:
+            degree = err.key[len("layout."):]
         else:
             degree = next((d for d in ("tensor", "expert", "data", "pipeline") if degrees[d] != 1), "pipeline")
         raise ConfigError(err.message, field=f"layout.{degree}") from None

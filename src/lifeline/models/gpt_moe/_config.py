@@ -86,8 +86,8 @@ class GPTMoEConfig:
 
         Raises:
             ConfigError: a field out of range (``field`` names it).
-            LayoutError: a layout this trainer cannot take (tensor or expert degree > 1, more
-                pipeline stages than layers).
+            LayoutError: a layout this trainer cannot take; ``key`` is ``layout.<degree>`` and the
+                message names the model field and both sizes (see :meth:`_validate_layout`).
         """
         positive = ("vocab_size", "vocab_multiple", "d_model", "n_layers", "n_heads", "n_experts", "top_k",
                     "d_expert", "seq_len", "micro_batch", "micro_batches", "corpus_bytes")
@@ -115,16 +115,28 @@ class GPTMoEConfig:
             raise ConfigError(f"corpus_bytes={self.corpus_bytes} too small for seq_len={self.seq_len}",
                               field="corpus_bytes")
         if layout is not None:
-            layout.validate()
-            if layout.tensor != 1 or layout.expert != 1:
-                raise LayoutError(
-                    f"gpt_moe runs tensor=1 and expert=1 (got {layout}); use pipeline and data degrees",
-                    key="layout")
-            if layout.pipeline > self.n_layers:
-                raise LayoutError(
-                    f"pipeline={layout.pipeline} stages need at least as many layers (n_layers={self.n_layers})",
-                    key="layout.pipeline")
+            self._validate_layout(layout.validate())
         return self
+
+    def _validate_layout(self, layout: Layout) -> None:
+        """Every degree must divide what it splits: ``tensor`` divides ``n_heads`` (hence the Q, K
+        and V parts of ``d_model`` rows), ``d_expert`` (the shared expert's gate/up parts) and
+        ``padded_vocab``; ``expert`` divides ``n_experts``; ``pipeline`` is at most ``n_layers`` (stages are balanced, earlier stages
+        take the extra layers). Raises :class:`LayoutError` with ``key="layout.<degree>"``."""
+        splits = [("tensor", "n_heads", self.n_heads), ("tensor", "padded_vocab", self.padded_vocab),
+                  ("expert", "n_experts", self.n_experts)]
+        if self.shared_expert:
+            splits.append(("tensor", "d_expert", self.d_expert))
+        for degree, name, size in splits:
+            value = getattr(layout, degree)
+            if size % value:
+                fix = " (make vocab_multiple a multiple of it)" if name == "padded_vocab" else ""
+                raise LayoutError(f"layout {degree}={value} does not divide {name}={size}{fix}: pick a {degree} "
+                                  f"degree that divides {size}", key=f"layout.{degree}")
+        if layout.pipeline > self.n_layers:
+            raise LayoutError(
+                f"pipeline={layout.pipeline} stages need at least as many layers (n_layers={self.n_layers})",
+                key="layout.pipeline")
 
     def to_json(self) -> str:
         """A JSON object of every field (stable key order)."""
