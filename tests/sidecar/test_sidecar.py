@@ -239,3 +239,37 @@ def test_peer_over_the_memory_bound_is_refused(make_settings, sidecars):
         pc.put(kind="ulog", step=0, rank=3, blob=memoryview(bytearray(10000)), meta='{"crc32c": 0}')
     assert sc.store.held_bytes() == 0
     assert _metric(sc, "lifeline_sidecar_errors_total", kind="memory") == 1
+
+
+def test_an_overlapped_save_commits_the_state_as_it_was_and_settles_before_a_restore(make_settings, sidecars,
+                                                                                    redis_server, job):
+    """CheckFreq's pipelined snapshot: the copy runs while the trainer goes on reading; it is joined
+    and committed by wait() (before the trainer's next update), or by a restore."""
+    s0, t0 = make_settings(0, 1, peer_replicas=0)
+    sidecars(s0)
+    cat = Catalog(redis_server.url, job, 1)
+    with SidecarClient(t0) as c0:
+        state = state_at(1, 0)
+        pending = c0.save_overlapped(1, state)
+        assert cat.latest_complete_step() is None  # nothing is committed before the wait
+        receipt = pending.wait()
+        assert (receipt.step, receipt.skipped, receipt.nbytes > 0) == (1, False, True)
+        assert pending.wait() is receipt  # idempotent
+        wait_for(lambda: cat.latest_complete_step() == 1, what="step 1 complete")
+        for v in state.values():  # the trainer's next update: only after the wait
+            if isinstance(v, torch.Tensor):
+                v.add_(1)
+        into = empty_like(0)
+        assert c0.restore(step=1, into=into).tier == "L0" and identical(into, state_at(1, 0))
+        # a pending save is settled by a restore (and by the next save), never lost
+        c0.save_overlapped(2, state_at(2, 0))
+        into = empty_like(0)
+        c0.restore(step=2, into=into)
+        assert identical(into, state_at(2, 0))
+        c0.save_overlapped(3, state_at(3, 0))
+        c0.save(4, state_at(4, 0))
+        wait_for(lambda: cat.latest_complete_step() == 4, what="step 4 complete")
+        into = empty_like(0)
+        c0.restore(step=3, into=into)
+        assert identical(into, state_at(3, 0))
+    cat.close()

@@ -222,6 +222,9 @@ class TrainerSettings(PodSettings):
     * ``LIFELINE_GENERATION`` — the process-group generation to join. Default: the catalog's.
     * ``LIFELINE_STEPS`` — train until this many optimizer steps are complete. Default 100.
     * ``LIFELINE_CHECKPOINT_EVERY`` — steps between checkpoints. Default 1.
+    * ``LIFELINE_OVERLAP_SAVE`` — the memcpy of a save into the arena overlaps the next step's
+      forward and backward passes and is joined before its optimizer update (CheckFreq's pipelined
+      snapshot); ``false`` copies before the next step starts. Default ``true``.
     * ``LIFELINE_UPSTREAM_LOG_STEPS`` — upstream logging for localized replay: keep the tensors this
       rank sends across pipeline boundaries for this many steps (two windows). Default 0: off.
     * ``LIFELINE_SPARSE_WINDOW`` — sparse expert checkpoints (MoEvement): W, the steps of a window;
@@ -247,6 +250,7 @@ class TrainerSettings(PodSettings):
     generation: int | None = Field(default=None, ge=0)
     steps: int = Field(default=100, ge=0)
     checkpoint_every: int = Field(default=1, ge=1)
+    overlap_save: bool = True
     upstream_log_steps: int = Field(default=0, ge=0)
     sparse_window: int = Field(default=0, ge=0)
     checkpoint_uri: str = ""

@@ -1,7 +1,9 @@
 """``bench moe``'s ETTR rows: a 16,384-GPU job at MTBF 10, 20 and 60 minutes.
 
-Lifeline's row is fed with this run's measurements (step time, sparse copy stall, window, the
-localized recovery's time to the failure step and its measured recompute ratio); CheckFreq, Gemini
+Lifeline's row is fed with this run's measurements: step time, the stall of a dense checkpoint
+every step whose copy overlaps the next step (the runtime's default save), the localized
+recovery's time to the failure step and its measured recompute ratio; a second row uses the
+sparse slots' copy stall instead (they are copied before the next step); CheckFreq, Gemini
 and MoEvement are modeled from their papers' formulas (:func:`lifeline.control.ettr.modeled_peers`)
 with the same step time, state sizes and copy bandwidth, and the stated link and storage bandwidths.
 """
@@ -35,10 +37,15 @@ def ettr_rows(checkpoint: list[dict[str, Any]], recovery: dict[str, Any] | None)
                           snapshot_bytes_per_second=row["copy_bytes_per_second"],
                           network_bytes_per_second=NETWORK_BYTES_PER_SECOND,
                           storage_bytes_per_second=STORAGE_BYTES_PER_SECOND, restart_seconds=RESTART_SECONDS)
-    ours = lifeline_costs(step_seconds=step, stall_seconds=row["sparse_stall_seconds"],
-                          recovery_seconds=recovery_seconds, window=row["window"], stages=stages,
-                          recompute_fraction=min(1.0, max(fraction, 1e-6)))
-    table = ettr_table([*peers, ours])
+    fraction = min(1.0, max(fraction, 1e-6))
+    # the runtime's default: a dense checkpoint every step whose copy overlaps the next step
+    ours = lifeline_costs(step_seconds=step, stall_seconds=row["dense_overlapped_stall_seconds"],
+                          recovery_seconds=recovery_seconds, window=1, stages=stages, recompute_fraction=fraction)
+    # sparse slots as the runtime captures them today: packed before the next step (not overlapped)
+    sparse = lifeline_costs(step_seconds=step, stall_seconds=row["sparse_stall_seconds"],
+                            recovery_seconds=recovery_seconds, window=row["window"], stages=stages,
+                            recompute_fraction=fraction, name="Lifeline (sparse slots, copied before the next step)")
+    table = ettr_table([*peers, ours, sparse])
     table["assumptions"] = {"network_bytes_per_second": NETWORK_BYTES_PER_SECOND,
                             "storage_bytes_per_second": STORAGE_BYTES_PER_SECOND,
                             "restart_seconds": RESTART_SECONDS, "fed_from_experts_per_layer": row["experts_per_layer"]}

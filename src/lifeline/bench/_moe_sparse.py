@@ -7,7 +7,8 @@ bandwidth into a preallocated buffer (the sidecar arena's one memcpy). ``plan_wi
 (:mod:`lifeline.checkpoint`) then chooses the operators per slot and the window W.
 
 Measured per step: dense — the whole state (fp32 weights + both AdamW moments) copied into the
-buffer; sparse — each slot's ACTIVE operators (weights + moments) and FROZEN operators (weights)
+buffer, before the next step (``dense_stall_seconds``) and overlapped with it as the runtime saves
+by default (``dense_overlapped_stall_seconds``, the wait before the next optimizer update); sparse — each slot's ACTIVE operators (weights + moments) and FROZEN operators (weights)
 copied into the buffer, averaged over the window's slots, and its worst slot. Operators, their
 members and activation counts are the trainer's own (``sparse_operators``, ``expert_activations``:
 what the runtime's sparse checkpoints capture). On CPU the measured budget (a slow step, a fast
@@ -38,6 +39,35 @@ def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int =
             off += n
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _overlapped_stall(trainer: Any, tensors: list[torch.Tensor], buf: torch.Tensor, steps: int) -> float:
+    """Mean seconds per step the trainer waits for a dense copy that overlaps its next step (the
+    runtime's default save, ``LIFELINE_OVERLAP_SAVE``): after each step the state is copied into
+    ``buf`` on a background thread, joined by the trainer's ``before_update`` hook of the next step
+    (before its optimizer writes the state). The wait is the part of the copy the step's forward
+    and backward passes did not hide; it is ~0 when the copy runs on a core the step does not use."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    waits: list[float] = []
+    pending: list[Any] = []
+
+    def join() -> None:
+        if pending:
+            t0 = time.perf_counter()
+            pending.pop().result()
+            waits.append(time.perf_counter() - t0)
+
+    with ThreadPoolExecutor(1) as pool:
+        trainer.before_update = join
+        try:
+            for _ in range(steps):
+                trainer.train_step()
+                pending.append(pool.submit(_copy_seconds, tensors, buf, 1))
+            join()
+        finally:
+            trainer.before_update = None
+    return statistics.mean(waits[:-1] or waits)
 
 
 def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
@@ -82,12 +112,14 @@ def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
                 "sparse_max_slot_bytes": max(slot_bytes), "sparse_stall_seconds": round(statistics.mean(slot_seconds), 6),
                 "bytes_reduction": round(dense_bytes / mean_bytes, 2)}
 
+    overlapped = _overlapped_stall(trainer, dense, buf, steps)
     unbounded = plan_window(operators, budget_bytes=1 << 62)
     return {
         "experts_per_layer": experts, "operators": len(operators),
         "step_seconds": round(step_seconds, 6), "copy_bytes_per_second": round(bandwidth),
         "budget_bytes": budget, "over_budget": measured.over_budget,
         "dense_bytes_per_step": dense_bytes, "dense_stall_seconds": round(dense_seconds, 6),
+        "dense_overlapped_stall_seconds": round(overlapped, 6),
         **sparse(measured),
         "by_window": [sparse(with_window(unbounded, w)) for w in windows if w <= len(operators)],
     }

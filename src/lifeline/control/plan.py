@@ -43,7 +43,7 @@ from lifeline.api.recovery import (
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
 from lifeline.control.placement import place_replicas
 from lifeline.control.state import JobState, UpstreamLog, stage_of
-from lifeline.errors import RecoveryError
+from lifeline.errors import ConfigError, RecoveryError
 
 __all__ = ["RestoreSource", "PodPlacement", "RecoveryPlan", "plan_recovery"]
 
@@ -307,7 +307,12 @@ def _latest_window(ranks: Sequence[int], logs: dict[int, UpstreamLog], spec: Tra
 def _slots_survive(ranks: Sequence[int], lost: set[int], state: JobState, spec: TrainingJobSpec) -> bool:
     """Whether the memory copies of the slots of every rank of ``ranks`` survive: a lost rank's
     slots are held only by its L1 peers (Gemini placement), so one of them must not be lost too."""
-    peers = place_replicas(state.node_of_rank, spec.checkpoint.peer_replicas)
+    if not lost & set(ranks):
+        return True
+    try:
+        peers = place_replicas(state.node_of_rank, spec.checkpoint.peer_replicas)
+    except ConfigError:  # too few nodes for the replicas: no L1 copy exists
+        return False
     return all(any(p not in lost for p in peers[r]) for r in ranks if r in lost)
 
 

@@ -75,6 +75,24 @@ class SidecarCheckpointer:
         self.last_receipt = self.client.save(step, state, plan=self._plan_for(state))
         return self.last_receipt
 
+    def save_overlapped(self, step: int, state: Mapping[str, Any], *, generation: int = 0) -> Any:
+        """Start a save whose memcpy overlaps the next step; :meth:`settle` finishes it (see
+        :meth:`lifeline.sidecar.SidecarClient.save_overlapped`). Returns the ``PendingSave``."""
+        return self.client.save_overlapped(step, state, plan=self._plan_for(state))
+
+    def settle(self) -> Any:
+        """Finish the overlapped save in flight (join the copy, commit); its ``SaveReceipt`` or ``None``.
+
+        Raises:
+            SidecarError: the sidecar is gone.
+        """
+        if self._client is None:
+            return None
+        receipt = self._client.settle()
+        if receipt is not None:
+            self.last_receipt = receipt
+        return receipt
+
     def restore(self, step: int | None = None, *, into: Mapping[str, Any]) -> dict[str, Any]:
         """Restore ``step`` (default: the latest complete one): from the nearest verified copy
         (L0, L1, L2) through the sidecar when it was saved in this layout, else from L2 resharded.

@@ -33,7 +33,9 @@ class Trainable(Protocol):
     still referenced keeps its gloo sockets open, so peers wait out their collective timeout
     instead of failing at once); ``train_step()`` runs one step and returns an
     object with ``step``, ``loss`` (float or None), ``tokens`` and ``seconds``; ``state()`` /
-    ``load_state()`` are the checkpoint state and its inverse.
+    ``load_state()`` are the checkpoint state and its inverse. Optionally ``before_update``, a
+    callable attribute the trainer calls after each backward pass and before its optimizer update:
+    with it the runtime overlaps a save's memcpy with the next step (``LIFELINE_OVERLAP_SAVE``).
     """
 
     step: int
@@ -213,12 +215,26 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
                layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
+    # only with a trainer that calls before_update (else the copy would race its optimizer update)
+    overlap = (bool(getattr(ctx.settings, "overlap_save", False)) and hasattr(checkpointer, "save_overlapped")
+               and hasattr(trainer, "before_update"))
+
+    def settle() -> None:
+        """Finish the overlapped save in flight (called before an optimizer update writes the state)."""
+        receipt = checkpointer.settle()
+        if receipt is not None:
+            ctx.report("save", step=receipt.step, seconds=round(receipt.stall_seconds, 6), overlapped=True,
+                       stall_seconds=receipt.stall_seconds, waited_seconds=receipt.waited_seconds,
+                       skipped=receipt.skipped)
+
     last_loss = None
     while trainer.step < steps:
         try:
             newer = ctx.newer_generation()
             if newer is not None:
                 raise Superseded(newer)
+            if overlap:
+                trainer.before_update = settle
             result = trainer.train_step()
             last_loss = result.loss
             logged = {}
@@ -232,7 +248,9 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
                        seconds=round(result.seconds, 6), **logged,
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
-            if result.step % every == 0 or result.step == steps:
+            if overlap and result.step % every == 0 and result.step < steps:
+                checkpointer.save_overlapped(result.step, trainer.state(), generation=ctx.generation)
+            elif result.step % every == 0 or result.step == steps:
                 t0 = time.perf_counter()
                 receipt = checkpointer.save(result.step, trainer.state(), generation=ctx.generation)
                 extra = {k: getattr(receipt, k) for k in ("stall_seconds", "waited_seconds", "skipped")
@@ -248,8 +266,15 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         # collective, whose locals reference this generation's process groups; while it lives, their
         # gloo sockets stay open and peers blocked on this rank wait out their collective timeout.
         ctx.report("failure", step=trainer.step, error=failed)
+        if overlap:  # the copy of the last step is whole: commit it before any restore writes the state
+            try:
+                settle()
+            except (LifelineError, OSError) as err:
+                ctx.report("save_failed", record=False, step=trainer.step, error=f"{type(err).__name__}: {err}"[:300])
         trainer, step = _recover(ctx, model_spec, trainer, checkpointer, log, sparse)
         if step is not None:
             restored.append(step)
+    if overlap:
+        settle()
     ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
     return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss)

@@ -37,7 +37,7 @@ from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_
 from lifeline.sidecar._logkey import LogKey
 from lifeline.sidecar.arena import ArenaView
 
-__all__ = ["RestoreResult", "SaveReceipt", "SidecarClient"]
+__all__ = ["PendingSave", "RestoreResult", "SaveReceipt", "SidecarClient"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,37 @@ class SaveReceipt:
     waited_seconds: float
     skipped: bool
     nbytes: int
+
+
+class PendingSave:
+    """An overlapped save in flight (:meth:`SidecarClient.save_overlapped`).
+
+    :meth:`wait` joins the background memcpy, commits the slot and returns the
+    :class:`SaveReceipt`, whose ``stall_seconds`` counts only the trainer's own time: the slot
+    handover, the part of the copy it waited for, and the commit. A copy that failed aborts the
+    slot (nothing is committed) and its error is raised. Calling :meth:`wait` again returns the
+    same receipt.
+    """
+
+    def __init__(self, client: SidecarClient, copy: Any, receipt: SaveReceipt | None, *, slot: int = -1,
+                 step: int = 0, plan: Any = None, waited: float = 0.0, handed: float = 0.0) -> None:
+        self._client, self._copy, self.receipt = client, copy, receipt
+        self._slot, self._step, self._plan, self._waited, self._handed = slot, step, plan, waited, handed
+
+    def wait(self) -> SaveReceipt:
+        if self.receipt is not None:
+            return self.receipt
+        if self._client._pending is self:
+            self._client._pending = None
+        t0 = time.perf_counter()
+        try:
+            self._copy.result()
+        except BaseException:
+            self._client._call({"op": "abort", "slot": self._slot}, "abort")
+            raise
+        self.receipt = self._client._commit(self._slot, self._step, self._plan, self._waited,
+                                            self._handed + (time.perf_counter() - t0), t0)
+        return self.receipt
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +148,8 @@ class SidecarClient:
         self._sent_plans: set[str] = set()
         self._copy_threads = 0  # threads of the memcpy into the arena (set at the first save)
         self._copy_pool = None
+        self._background = None  # the thread of overlapped saves (started at the first one)
+        self._pending: PendingSave | None = None
 
     def _connect(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
@@ -156,6 +189,35 @@ class SidecarClient:
         return plan
 
     # ------------------------------------------------------------------ save
+    def save_overlapped(self, step: int, state: Mapping[str, Any], plan: Any = None) -> PendingSave:
+        """Start a save whose memcpy overlaps the trainer's next step (CheckFreq's pipelined
+        snapshot, Mohan et al., FAST'21 §4.2): the arena slot is acquired here, the copy runs on a
+        background thread, and :meth:`PendingSave.wait` — which the trainer calls before its next
+        optimizer update modifies the state — joins the copy and commits the slot. Until then the
+        tensors of ``state`` must not be written (forward and backward only read them).
+
+        Raises what :meth:`save` raises (the copy's errors from :meth:`PendingSave.wait`).
+        """
+        self.settle()
+        t0 = time.perf_counter()
+        plan = self._plan_for(state, plan)
+        slot, waited, skipped = self._acquire(step, plan, t0)
+        if skipped is not None:
+            return PendingSave(self, None, skipped)
+        if self._background is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="arena-overlap")
+        copy = self._background.submit(self._write, plan, state, self.arena.view(slot, plan.nbytes))
+        self._pending = PendingSave(self, copy, None, slot=slot, step=step, plan=plan, waited=waited,
+                                    handed=time.perf_counter() - t0)
+        return self._pending
+
+    def settle(self) -> SaveReceipt | None:
+        """Finish the overlapped save in flight, if any (see :meth:`save_overlapped`); its receipt."""
+        pending, self._pending = self._pending, None
+        return pending.wait() if pending is not None else None
+
     def save(self, step: int, state: Mapping[str, Any], plan: Any = None) -> SaveReceipt:
         """Copy ``state`` into a free arena slot and hand it to the sidecar; returns once the bytes are there.
 
@@ -174,10 +236,23 @@ class SidecarClient:
             SidecarError: the blob exceeds the slot size, or the sidecar is gone.
             LayoutError: ``state`` does not match ``plan``.
         """
-        if step < 0:
-            raise ConfigError(f"step must be >= 0, got {step}", field="step")
+        self.settle()
         t0 = time.perf_counter()
         plan = self._plan_for(state, plan)
+        slot, waited, skipped = self._acquire(step, plan, t0)
+        if skipped is not None:
+            return skipped
+        try:
+            self._write(plan, state, self.arena.view(slot, plan.nbytes))
+        except BaseException:
+            self._call({"op": "abort", "slot": slot}, "abort")
+            raise
+        return self._commit(slot, step, plan, waited, time.perf_counter() - t0, t0)
+
+    def _acquire(self, step: int, plan: Any, t0: float) -> tuple[int, float, SaveReceipt | None]:
+        """``(slot, seconds waited, None)``, or ``(-1, waited, receipt)`` when skipped (policy ``skip``)."""
+        if step < 0:
+            raise ConfigError(f"step must be >= 0, got {step}", field="step")
         if plan.rank != self.rank:
             raise LayoutError(f"plan is for rank {plan.rank}, this trainer is rank {self.rank}", rank=self.rank)
         reply = self._call({"op": "acquire", "nbytes": plan.nbytes, "policy": self.policy,
@@ -189,19 +264,19 @@ class SidecarClient:
                                      rank=self.rank, step=step)
             stall = time.perf_counter() - t0
             self._report(stall, waited, True)
-            return SaveReceipt(step, stall, waited, True, 0)
-        slot = int(reply["slot"])
-        try:
-            self._write(plan, state, self.arena.view(slot, plan.nbytes))
-        except BaseException:
-            self._call({"op": "abort", "slot": slot}, "abort")
-            raise
+            return -1, waited, SaveReceipt(step, stall, waited, True, 0)
+        return int(reply["slot"]), waited, None
+
+    def _commit(self, slot: int, step: int, plan: Any, waited: float, stalled: float, t0: float) -> SaveReceipt:
+        """Hand the filled ``slot`` to the sidecar; ``stalled`` is the trainer's time so far, the
+        commit's own time is added to it."""
+        t1 = time.perf_counter()
         msg = {"op": "commit", "slot": slot, "step": step, "nbytes": plan.nbytes, "plan_id": self._plan_id}
         if self._plan_id not in self._sent_plans:
             msg["plan"] = self._plan_blob
         self._call(msg, "commit")
         self._sent_plans.add(self._plan_id)
-        stall = time.perf_counter() - t0
+        stall = stalled + (time.perf_counter() - t1)
         self._report(stall, waited, False)
         return SaveReceipt(step, stall, waited, False, plan.nbytes)
 
@@ -239,6 +314,7 @@ class SidecarClient:
             RecoveryError: no tier holds a verified copy.
             LayoutError: ``into`` does not match the stored blob.
         """
+        self.settle()  # an overlapped copy still reads the tensors the restore writes
         t0 = time.perf_counter()
         reply = self._call({"op": "restore", "step": step, "rank": self.rank if rank is None else rank}, "restore")
         slot, nbytes = int(reply["slot"]), int(reply["nbytes"])
@@ -279,11 +355,20 @@ class SidecarClient:
         return int(self._call({"op": "log_gc", "before": before}, "log_gc")["dropped"])
 
     def close(self) -> None:
-        """Close the socket, stop the copy threads and unmap the arena."""
+        """Close the socket, stop the copy threads and unmap the arena (an overlapped copy in flight
+        is let finish first, and not committed)."""
+        if self._pending is not None:
+            try:
+                self._pending._copy.result()
+            except BaseException:  # noqa: BLE001 - closing anyway
+                pass
+            self._pending = None
         try:
             self._sock.close()
             if self._copy_pool is not None:
                 self._copy_pool.shutdown()
+            if self._background is not None:
+                self._background.shutdown()
         finally:
             self.arena.close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -131,6 +131,9 @@ class GPTMoETrainer:
         self.groups = Groups()
         self._distributed = False
         self.log: StageLog | None = None
+        self.before_update: Callable[[], None] | None = None
+        """Called once per step after the backward pass and before the optimizer update writes the
+        state: the runtime joins an overlapped checkpoint copy there (CheckFreq, FAST'21 §4.2)."""
         self._contributors = [r for r in range(layout.world_size) if layout.coords(r).data == 0]
 
     @property
@@ -279,6 +282,8 @@ class GPTMoETrainer:
                 self._record(it, m, "bwd", sent)
         loss = self._reduce_gradients(lm_total / m_count)
         self._clip(it, source)
+        if self.before_update is not None:
+            self.before_update()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(cfg, it)
         self.optimizer.step()
