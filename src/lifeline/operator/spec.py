@@ -3,22 +3,31 @@
 An invalid spec is a permanent condition: retrying cannot fix it. :func:`parse_job` turns the
 api's :class:`~lifeline.errors.ConfigError` into a :class:`InvalidSpec` carrying the Failed
 status to write, and the handler raises ``kopf.PermanentError`` after writing it, so the job
-is marked Failed with a reason once and never retried forever.
+is marked Failed with a reason once and never retried forever. :func:`invalid_spec` builds the
+same error for what only shows later: a pod template the pod manifest cannot be built from, or a
+pod the API server refuses (400/422) at creation.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from lifeline.api.load import load_trainingjob
+from lifeline.api.manifests import rank_pod
 from lifeline.api.trainingjob import TrainingJob
 from lifeline.errors import ConfigError
 from lifeline.operator.status import next_status
 
-__all__ = ["InvalidSpec", "parse_job", "REASON_INVALID_SPEC"]
+__all__ = ["InvalidSpec", "parse_job", "invalid_spec", "build_pod", "pod_refused", "REASON_INVALID_SPEC", "MAX_MESSAGE"]
 
 REASON_INVALID_SPEC = "InvalidSpec"
+
+MAX_MESSAGE = 2000
+"""Characters of the Failed message kept (a hostile spec can make an error message huge)."""
 
 
 class InvalidSpec(ConfigError):
@@ -48,19 +57,74 @@ def parse_job(body: Mapping[str, Any]) -> TrainingJob:
     """
     data = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
     data["metadata"] = dict(body.get("metadata") or {})
-    status = body.get("status") or {}
     try:
         job = load_trainingjob(data)
     except ConfigError as err:
-        meta = data["metadata"]
-        message = f"{err.message}" + (f" (field {err.field})" if getattr(err, "field", None) else "")
-        failed = next_status(
-            status,
-            phase="Failed",
-            reason=REASON_INVALID_SPEC,
-            message=message,
-            observed_generation=meta.get("generation"),
-        )
-        raise InvalidSpec(message, status=failed, field=getattr(err, "field", None), job=meta.get("name")) from err
+        field = getattr(err, "field", None)
+        raise invalid_spec(body, err.message + (f" (field {field})" if field else ""), field=field) from err
     return job
 
+
+def invalid_spec(body: Mapping[str, Any], message: str, *, field: str | None = None) -> InvalidSpec:
+    """The :class:`InvalidSpec` of a TrainingJob whose spec cannot be run.
+
+    Args:
+        body: the whole object as read from the API server (its ``status`` is kept: progress
+            fields stay, the phase becomes Failed).
+        message: what is wrong, naming the field and the fix; cut to :data:`MAX_MESSAGE` characters.
+        field: the offending field's path (``spec.template.spec.containers[0].env``), if known.
+
+    Returns:
+        The error to raise (not raised here); ``.status`` is the Failed status to write.
+    """
+    meta = body.get("metadata") or {}
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    failed = next_status(
+        body.get("status") or {},
+        phase="Failed",
+        reason=REASON_INVALID_SPEC,
+        message=message,
+        observed_generation=meta.get("generation"),
+    )
+    return InvalidSpec(message, status=failed, field=field, job=meta.get("name"))
+
+
+_TEMPLATE = "spec.template"
+
+
+def build_pod(body: Mapping[str, Any], job: TrainingJob, rank: int, **kwargs: Any) -> dict[str, Any]:
+    """:func:`lifeline.api.manifests.rank_pod` (same keyword arguments), with a template no pod can
+    be built from (a map where a list belongs, a string where an object belongs) turned into an
+    invalid spec. The CRD schema types the fields the operator merges into; this is the net
+    under it for a template written around the schema (e.g. with validation off).
+
+    Raises:
+        InvalidSpec: naming ``spec.template``, the Python error and the expected shapes.
+    """
+    try:
+        return rank_pod(job, rank, **kwargs)
+    except (TypeError, AttributeError, KeyError, ValueError) as err:
+        raise invalid_spec(body, f"{_TEMPLATE} cannot be made into a pod ({type(err).__name__}: {err}); write it as "
+                           "a Kubernetes PodTemplateSpec: containers[].env a list of {name, value}, volumes and "
+                           "volumeMounts lists of objects, labels and annotations maps of strings",
+                           field=_TEMPLATE) from err
+
+
+def pod_refused(body: Mapping[str, Any], pod: str, err: ApiException) -> InvalidSpec:
+    """The :class:`InvalidSpec` of a pod the API server refused as invalid (HTTP 400 or 422): the
+    same template would be refused on every retry, so the job fails once with the server's reason.
+
+    Args:
+        body: the TrainingJob object.
+        pod: the refused pod's name.
+        err: the API server's answer; its Status ``message`` (which names the pod field) is quoted.
+    """
+    try:
+        answer = json.loads(err.body or "")
+        reason = answer.get("message") if isinstance(answer, dict) else None
+    except (TypeError, ValueError):
+        reason = None
+    reason = str(reason or err.body or err.reason)
+    return invalid_spec(body, f"the API server refused pod {pod} made from {_TEMPLATE}: {reason}; fix the pod "
+                        "template", field=_TEMPLATE)
