@@ -1,11 +1,18 @@
-"""spec.py: an invalid TrainingJob becomes a Failed status naming the field and the fix."""
+"""spec.py: an invalid TrainingJob (or a pod template no valid pod comes from) becomes a Failed status naming the
+field and the fix; recorded.py reads unreadable record annotations as defaults."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from lifeline.api.manifests import PodConfig
 from lifeline.errors import ConfigError
-from lifeline.operator.spec import REASON_INVALID_SPEC, InvalidSpec, parse_job
+from lifeline.operator.recorded import Recorded
+from lifeline.operator.spec import (MAX_MESSAGE, REASON_INVALID_SPEC, InvalidSpec, build_pod, invalid_spec, parse_job,
+                                    pod_refused)
 
 
 def test_valid_body_parses(job_body):
@@ -35,3 +42,39 @@ def test_invalid_spec_fails_with_reason(job_body, mutate, field, words):
     assert {c["reason"] for c in st["conditions"]} == {REASON_INVALID_SPEC}
     assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
     assert field in st["message"]
+
+
+def test_a_template_no_pod_can_be_built_from_is_an_invalid_spec(job_body):
+    """The CRD types the fields the operator merges into; a shape it leaves open that still breaks
+    the manifest (here a node affinity that is a string) fails the job, never a Python error."""
+    job_body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": "anywhere"}
+    job = parse_job(job_body)
+    with pytest.raises(InvalidSpec) as info:
+        build_pod(job_body, job, 0, generation=0, config=PodConfig(redis_url="redis://r:6379/0"), avoid_nodes=["n1"])
+    err = info.value
+    assert err.field == "spec.template" and "cannot be made into a pod" in err.message
+    assert err.status["phase"] == "Failed" and {c["reason"] for c in err.status["conditions"]} == {REASON_INVALID_SPEC}
+
+
+def test_a_pod_the_api_server_refuses_is_an_invalid_spec_quoting_the_server(job_body):
+    refusal = ApiException(status=422, reason="Unprocessable Entity")
+    refusal.body = json.dumps({"kind": "Status", "message": 'Pod "gpt-moe-0" is invalid: '
+                               "spec.containers[0].ports[0].containerPort: Invalid value: -1"})
+    err = pod_refused(job_body, "gpt-moe-0", refusal)
+    assert "spec.containers[0].ports[0].containerPort" in err.message and "spec.template" in err.message
+    assert err.status["phase"] == "Failed" and err.status["observedGeneration"] == 1
+
+
+def test_a_huge_message_is_cut(job_body):
+    err = invalid_spec(job_body, "x" * 100_000, field="spec.template")
+    assert len(err.message) == MAX_MESSAGE and err.status["message"] == err.message
+
+
+@pytest.mark.parametrize("annotations", [
+    {"lifeline.dev/applied": "[1]"}, {"lifeline.dev/generation": '"abc"'}, {"lifeline.dev/generation": "1e999"},
+    {"lifeline.dev/handled": "[]"}, {"lifeline.dev/handled": '{"uid": {"trainer": "x"}}'},
+    {"lifeline.dev/cool-downs": '{"n1": "soon"}'}, {"lifeline.dev/plan": "{}"}, {"lifeline.dev/plan": "not json"},
+    {"lifeline.dev/applied": "true"},
+])
+def test_unreadable_record_annotations_read_as_defaults(annotations):
+    assert Recorded.from_annotations(annotations) == Recorded()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TRAINER_CONTAINER", "TEMPLATE_SCHEMA"]
+__all__ = ["TRAINER_CONTAINER", "TEMPLATE_SCHEMA", "template_problems"]
 
 TRAINER_CONTAINER = "trainer"
 """The name of the training container in ``spec.template.spec.containers``."""
@@ -85,3 +85,35 @@ TEMPLATE_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,)}
+
+
+def template_problems(template: Any, schema: dict[str, Any] = TEMPLATE_SCHEMA,
+                      path: str = "spec.template") -> list[tuple[str, str]]:
+    """Check ``template`` against the typed part of :data:`TEMPLATE_SCHEMA` (types, required keys,
+    ``minLength``), so the Python models refuse what the API server refuses.
+
+    Returns:
+        ``(field path, problem)`` of every mismatch, e.g.
+        ``("spec.template.spec.containers[0].env", "must be a list (got dict)")``; empty when none.
+    """
+    expected = _TYPES.get(schema.get("type", ""))
+    if expected is not None and not isinstance(template, expected):
+        noun = {"object": "an object", "array": "a list", "string": "a string"}[schema["type"]]
+        return [(path, f"{path} must be {noun} (got {type(template).__name__})")]
+    out: list[tuple[str, str]] = []
+    if isinstance(template, str) and len(template) < schema.get("minLength", 0):
+        out.append((path, f"{path} must not be empty"))
+    if isinstance(template, dict):
+        for key in schema.get("required", []):
+            if key not in template:
+                out.append((f"{path}.{key}", f"{path}.{key} is required"))
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in template and template[key] is not None:
+                out += template_problems(template[key], sub, f"{path}.{key}")
+    if isinstance(template, list) and "items" in schema:
+        for i, item in enumerate(template):
+            out += template_problems(item, schema["items"], f"{path}[{i}]")
+    return out

@@ -23,7 +23,7 @@ from lifeline.api._base import WireModel, field_error
 from lifeline.api._names import (NAME_MAX, NAME_RE, PERSIST_URI_PATTERN, SEED_MAX, check_name,
                                   check_persist_uri)
 from lifeline.api._quantity import parse_bytes
-from lifeline.api._template import TEMPLATE_SCHEMA, TRAINER_CONTAINER
+from lifeline.api._template import TEMPLATE_SCHEMA, TRAINER_CONTAINER, template_problems
 
 __all__ = [
     "GROUP",
@@ -265,6 +265,11 @@ class TrainingJobSpec(WireModel):
                 f"spec.template.spec.containers has no container named '{TRAINER_CONTAINER}' "
                 f"(found {names or 'none'}); name the training container '{TRAINER_CONTAINER}'",
             )
+        problems = template_problems(template)  # the fields the CRD types (env, volumes, ...)
+        if problems:
+            field, problem = problems[0]
+            raise field_error(field, f"{problem}; write spec.template as a Kubernetes PodTemplateSpec "
+                              "(env: a list of {name, value})")
         return template
 
     @model_validator(mode="after")
