@@ -61,7 +61,7 @@ def test_a_pod_the_api_server_refuses_is_an_invalid_spec_quoting_the_server(job_
     refusal.body = json.dumps({"kind": "Status", "message": 'Pod "gpt-moe-0" is invalid: '
                                "spec.containers[0].ports[0].containerPort: Invalid value: -1"})
     err = pod_refused(job_body, "gpt-moe-0", refusal)
-    assert "spec.containers[0].ports[0].containerPort" in err.message and "spec.template" in err.message
+    assert "spec.containers[0].ports[0].containerPort" in err.message and "spec.template is invalid" in err.message
     assert err.status["phase"] == "Failed" and err.status["observedGeneration"] == 1
 
 
@@ -78,3 +78,18 @@ def test_a_huge_message_is_cut(job_body):
 ])
 def test_unreadable_record_annotations_read_as_defaults(annotations):
     assert Recorded.from_annotations(annotations) == Recorded()
+
+
+def test_a_pod_the_client_refuses_before_sending_is_an_invalid_spec(job_body):
+    """kubernetes-client validates a pod body locally (pydantic) before any request: a map where
+    ``containerPort`` belongs never reaches the API server, and is just as permanent."""
+    from kubernetes import client
+    from pydantic import ValidationError
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpt-moe-0"},
+           "spec": {"containers": [{"name": "trainer", "ports": [{"containerPort": {"weird": "port"}}]}]}}
+    with pytest.raises(ValidationError) as info:
+        client.CoreV1Api(client.ApiClient()).create_namespaced_pod("team-a", pod)
+    err = pod_refused(job_body, "gpt-moe-0", info.value)
+    assert "spec.containers.0.ports.0.containerPort" in err.message and err.field == "spec.template"
+    assert err.status["phase"] == "Failed"

@@ -8,8 +8,8 @@ by the same or a new operator, repeats what is missing and nothing twice):
    catalog's ``plan:<generation>`` (re-published at every reconcile until the catalog has it);
 3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
    creations at the current generation (409 for a pod still terminating: retried next time;
-   a template no pod can be built from, or a pod the API server refuses with 400/422, is an
-   invalid spec: the job is marked Failed once, never retried);
+   a template no pod can be built from, or a pod the API server (or the client) refuses as
+   invalid, is an invalid spec: the job is marked Failed once, never retried);
 4. ``lifeline.dev/applied`` once every pod of the generation exists;
 5. status (subresource), events and metrics.
 """
@@ -197,6 +197,8 @@ def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconci
                          avoid_nodes=d.avoid_nodes)
         try:
             env.core.create_namespaced_pod(ns, pod)
+        except ValidationError as err:  # the client's own check of the pod body: as a 422, before sending
+            raise pod_refused(body, pod["metadata"]["name"], err) from err
         except ApiException as err:
             if err.status in (400, 422):  # invalid: the same template is refused every time
                 raise pod_refused(body, pod["metadata"]["name"], err) from err

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from lifeline.api.load import load_trainingjob
 from lifeline.api.manifests import rank_pod
@@ -111,20 +112,26 @@ def build_pod(body: Mapping[str, Any], job: TrainingJob, rank: int, **kwargs: An
                            field=_TEMPLATE) from err
 
 
-def pod_refused(body: Mapping[str, Any], pod: str, err: ApiException) -> InvalidSpec:
-    """The :class:`InvalidSpec` of a pod the API server refused as invalid (HTTP 400 or 422): the
-    same template would be refused on every retry, so the job fails once with the server's reason.
+def pod_refused(body: Mapping[str, Any], pod: str, err: ApiException | ValidationError) -> InvalidSpec:
+    """The :class:`InvalidSpec` of a pod refused as invalid: by the API server (HTTP 400 or 422), or
+    by the Kubernetes client before sending it (its pydantic ``ValidationError``, e.g. a map where
+    the pod's ``containerPort`` integer belongs). The same template is refused on every retry, so
+    the job fails once with the refusal's reason.
 
     Args:
         body: the TrainingJob object.
         pod: the refused pod's name.
-        err: the API server's answer; its Status ``message`` (which names the pod field) is quoted.
+        err: the refusal; the API server's Status ``message`` (which names the pod field), or each
+            of the client's errors as ``<pod field>: <problem>``, is quoted.
     """
-    try:
-        answer = json.loads(err.body or "")
-        reason = answer.get("message") if isinstance(answer, dict) else None
-    except (TypeError, ValueError):
-        reason = None
-    reason = str(reason or err.body or err.reason)
-    return invalid_spec(body, f"the API server refused pod {pod} made from {_TEMPLATE}: {reason}; fix the pod "
-                        "template", field=_TEMPLATE)
+    if isinstance(err, ValidationError):
+        reason = "; ".join(".".join(str(p) for p in e["loc"][1:]) + ": " + e["msg"] for e in err.errors()[:5])
+    else:
+        try:
+            answer = json.loads(err.body or "")
+            reason = answer.get("message") if isinstance(answer, dict) else None
+        except (TypeError, ValueError):
+            reason = None
+        reason = str(reason or err.body or err.reason)
+    return invalid_spec(body, f"pod {pod} made from {_TEMPLATE} is invalid: {reason}; fix the pod template",
+                        field=_TEMPLATE)
