@@ -8,7 +8,9 @@ Each document (:mod:`tests.operator._hostile`) must end one of three ways:
 * **marked_failed**: accepted, then marked Failed by the operator, reason ``InvalidSpec``, a
   message naming the field, exactly once (``lifeline_operator_reconciles_total{outcome=
   "invalid_spec"}`` is 1 and stays 1);
-* **accepted_valid**: the mutation left a runnable job: the operator creates all its pods.
+* **accepted_valid**: the mutation left a runnable job: the operator creates all its pods;
+* **too_large**: the document is over the API server's request limit (3 MiB; huge strings JSON-
+  escaped): refused with 413 before it is read, so no field can be named. Counted apart.
 
 Never a crash (the operator process exits, or a reconcile raises a Python error) and never a
 retry loop (a job's reconcile count keeps growing). A retry loop is caught by the operator's own
@@ -60,6 +62,7 @@ POD_REFUSED = [("replace", ("template", "spec", "containers", 0, "ports"), [{"co
 BAD_QUANTITY = [("replace", ("template", "spec", "containers", 0, "resources"), {"requests": {"cpu": "lots"}})]
 BAD_RECORD = [("annotate", ("lifeline.dev/applied",), "[1]")]
 LABELS_AS_LIST = [("replace", ("template", "metadata"), {"labels": ["a", "b"]})]
+PRIORITY_BY_HAND = [("replace", ("template", "spec", "priority"), 60)]  # an admission plugin's 403
 
 
 def _await(what: str, fn, timeout: float = OUTCOME_TIMEOUT, interval: float = 0.1):
@@ -195,7 +198,7 @@ class Run:
 
     def __init__(self, fz):
         self.fz = fz
-        self.tally = Counter(tried=0, schema_rejected=0, marked_failed=0, accepted_valid=0, crashes=0,
+        self.tally = Counter(tried=0, schema_rejected=0, too_large=0, marked_failed=0, accepted_valid=0, crashes=0,
                              retry_loops=0, unhandled=0)
         self.problems: list[str] = []
         self.failed: dict[str, dict[str, float]] = {}  # job -> counts when it was marked Failed
@@ -212,6 +215,8 @@ class Run:
             msg = _message(err)
             if err.status in (400, 422) and any(n in msg for n in _names(muts)):
                 self.tally["schema_rejected"] += 1
+            elif err.status == 413:  # over the API server's 3 MiB request limit: refused unread, no field to name
+                self.tally["too_large"] += 1
             else:
                 self.problems.append(f"{name}: refused ({err.status}) without naming {_names(muts)}: {msg[:300]} "
                                      f"<- {muts!r:.300}")
@@ -299,6 +304,7 @@ def test_hostile_specs_are_rejected_or_failed_once(fuzz):
     @example(BAD_QUANTITY)
     @example(BAD_RECORD)
     @example(LABELS_AS_LIST)
+    @example(PRIORITY_BY_HAND)
     @given(mutations())
     def hostile(muts):
         run.one(muts)
@@ -309,7 +315,7 @@ def test_hostile_specs_are_rejected_or_failed_once(fuzz):
     print("HOSTILE " + json.dumps(report, sort_keys=True))
     if os.environ.get("LIFELINE_FUZZ_REPORT"):
         Path(os.environ["LIFELINE_FUZZ_REPORT"]).write_text(json.dumps({**report, "problems": run.problems}, indent=1))
-    assert run.tally["tried"] == run.tally["schema_rejected"] + run.tally["marked_failed"] + \
+    assert run.tally["tried"] == run.tally["schema_rejected"] + run.tally["too_large"] + run.tally["marked_failed"] + \
         run.tally["accepted_valid"] + run.tally["unhandled"] + len([p for p in run.problems if "refused" in p])
     assert not run.problems, "\n".join(run.problems[:30])
     assert (run.tally["crashes"], run.tally["retry_loops"], run.tally["unhandled"]) == (0, 0, 0)

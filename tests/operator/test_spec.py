@@ -12,7 +12,7 @@ from lifeline.api.manifests import PodConfig
 from lifeline.errors import ConfigError
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.spec import (MAX_MESSAGE, REASON_INVALID_SPEC, InvalidSpec, build_pod, invalid_spec, parse_job,
-                                    pod_refused)
+                                    pod_refused, refuses_the_pod)
 
 
 def test_valid_body_parses(job_body):
@@ -93,3 +93,26 @@ def test_a_pod_the_client_refuses_before_sending_is_an_invalid_spec(job_body):
     err = pod_refused(job_body, "gpt-moe-0", info.value)
     assert "spec.containers.0.ports.0.containerPort" in err.message and err.field == "spec.template"
     assert err.status["phase"] == "Failed"
+
+
+def _answer(status: int, message: str) -> ApiException:
+    err = ApiException(status=status, reason="x")
+    err.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    return err
+
+
+@pytest.mark.parametrize(("status", "message", "refused"), [
+    (422, 'Pod "j-0" is invalid: spec.containers[0].ports[0].containerPort: Invalid value: -1', True),
+    (400, "quantities must match the regular expression", True),
+    (403, 'pods "j-0" is forbidden: the integer value of priority (60) must not be provided in pod spec', True),
+    (403, 'pods "j-0" is forbidden: violates PodSecurity "restricted:latest": privileged', True),
+    (403, 'pods is forbidden: User "system:serviceaccount:a:op" cannot create resource "pods"', False),
+    (403, 'pods "j-0" is forbidden: exceeded quota: compute, requested: cpu=2, used: cpu=8, limited: cpu=8', False),
+    (403, "unable to create new content in namespace a because it is being terminated", False),
+    (409, 'pods "j-0" already exists', False),
+    (500, "etcdserver: request timed out", False),
+])
+def test_which_refusals_of_a_pod_fail_the_job(status, message, refused):
+    """A refusal of the pod itself is permanent (the job fails once); rights, quota, a namespace
+    going away and server trouble are retried."""
+    assert refuses_the_pod(_answer(status, message)) is refused

@@ -9,7 +9,7 @@ by the same or a new operator, repeats what is missing and nothing twice):
 3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
    creations at the current generation (409 for a pod still terminating: retried next time;
    a template no pod can be built from, or a pod the API server (or the client) refuses as
-   invalid, is an invalid spec: the job is marked Failed once, never retried);
+   invalid — 400, 422, an admission plugin's 403 — is an invalid spec: the job is marked Failed once, never retried);
 4. ``lifeline.dev/applied`` once every pod of the generation exists;
 5. status (subresource), events and metrics.
 """
@@ -47,7 +47,7 @@ from lifeline.operator.decide import Reconcile, decide
 from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
-from lifeline.operator.spec import build_pod, invalid_spec, parse_job, pod_refused
+from lifeline.operator.spec import build_pod, invalid_spec, parse_job, pod_refused, refuses_the_pod
 from lifeline.operator.status import known_status, next_status
 
 __all__ = ["Env", "reconcile", "forget_job"]
@@ -200,7 +200,7 @@ def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconci
         except ValidationError as err:  # the client's own check of the pod body: as a 422, before sending
             raise pod_refused(body, pod["metadata"]["name"], err) from err
         except ApiException as err:
-            if err.status in (400, 422):  # invalid: the same template is refused every time
+            if refuses_the_pod(err):  # invalid: the same template is refused every time
                 raise pod_refused(body, pod["metadata"]["name"], err) from err
             if err.status == 409:  # exists: ours from an earlier try, or the old one still terminating
                 existing = env.core.read_namespaced_pod(pod["metadata"]["name"], ns)

@@ -23,7 +23,7 @@ from lifeline.api.trainingjob import TrainingJob
 from lifeline.errors import ConfigError
 from lifeline.operator.status import next_status
 
-__all__ = ["InvalidSpec", "parse_job", "invalid_spec", "build_pod", "pod_refused", "REASON_INVALID_SPEC", "MAX_MESSAGE"]
+__all__ = ["InvalidSpec", "parse_job", "invalid_spec", "build_pod", "pod_refused", "refuses_the_pod", "REASON_INVALID_SPEC", "MAX_MESSAGE"]
 
 REASON_INVALID_SPEC = "InvalidSpec"
 
@@ -112,9 +112,25 @@ def build_pod(body: Mapping[str, Any], job: TrainingJob, rank: int, **kwargs: An
                            field=_TEMPLATE) from err
 
 
+# A 403 on pod creation that is not about the pod itself: the operator's rights, a quota that may
+# free up, a namespace going away. These are retried; any other 403 is an admission plugin refusing
+# this pod (priority set by hand, a PodSecurity violation): the same pod is refused every time.
+_RETRIED_403 = ("cannot create resource", "exceeded quota", "being terminated")
+
+
+def refuses_the_pod(err: ApiException) -> bool:
+    """True when the API server's answer to a pod creation refuses that pod as invalid: 400 (not
+    decodable), 422 (validation) or a 403 from an admission plugin (not RBAC, a quota or a
+    terminating namespace, which may clear and are retried)."""
+    if err.status in (400, 422):
+        return True
+    return err.status == 403 and not any(text in str(err.body or "") for text in _RETRIED_403)
+
+
 def pod_refused(body: Mapping[str, Any], pod: str, err: ApiException | ValidationError) -> InvalidSpec:
-    """The :class:`InvalidSpec` of a pod refused as invalid: by the API server (HTTP 400 or 422), or
-    by the Kubernetes client before sending it (its pydantic ``ValidationError``, e.g. a map where
+    """The :class:`InvalidSpec` of a pod refused as invalid: by the API server (HTTP 400 or 422),
+    by an admission plugin (HTTP 403, see :func:`refuses_the_pod`),
+    or by the Kubernetes client before sending it (its pydantic ``ValidationError``, e.g. a map where
     the pod's ``containerPort`` integer belongs). The same template is refused on every retry, so
     the job fails once with the refusal's reason.
 
