@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import urllib3
 from hypothesis import HealthCheck, Phase, example, given, settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -52,6 +53,7 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("LIFELINE_FUZZ_EXAMPLES", "40"))
 OUTCOME_TIMEOUT = 60.0  # seconds for the operator to mark or run one accepted document
+REQUEST_TIMEOUT = 30  # seconds for one API request (a hang is a finding, not a stuck test)
 RETRY_BOUND = 2  # retried reconciles one job may have (a transient API error), never more
 LOOP_LINES = ("Could not apply the patch", "failed temporarily", "Traceback")  # kopf retrying, at debug level
 CRASH_FREE = {"InvalidSpec", "ApiException", "CatalogError", "MaxRetryError", "ProtocolError"}
@@ -210,7 +212,11 @@ class Run:
         name = f"h-{self.tally['tried']:04d}"
         body = apply_mutations(base_job(name), muts)
         try:
-            fz.custom.create_namespaced_custom_object(GROUP, VERSION, fz.ns, PLURAL, body, field_validation="Strict")
+            fz.custom.create_namespaced_custom_object(GROUP, VERSION, fz.ns, PLURAL, body, field_validation="Strict",
+                                                      _request_timeout=REQUEST_TIMEOUT)
+        except (urllib3.exceptions.HTTPError, OSError) as err:  # the API server did not answer in time
+            self.problems.append(f"{name}: no answer to the create in {REQUEST_TIMEOUT}s: {err!s:.200} <- {muts!r:.300}")
+            return
         except ApiException as err:
             msg = _message(err)
             if err.status in (400, 422) and any(n in msg for n in _names(muts)):
@@ -247,7 +253,8 @@ class Run:
             self.tally["crashes"] += 1
             self.problems.append(f"{name}: the operator exited with {fz.op.proc.returncode}")
             pytest.fail(f"the operator crashed on {name}; log: {fz.op.log_path}")
-        st = fz.custom.get_namespaced_custom_object(GROUP, VERSION, fz.ns, PLURAL, name).get("status") or {}
+        st = fz.custom.get_namespaced_custom_object(GROUP, VERSION, fz.ns, PLURAL, name,
+                                                    _request_timeout=REQUEST_TIMEOUT).get("status") or {}
         if st.get("phase") == "Failed" and fz.op.counts(name)["invalid_spec"] >= 1:
             return st
         if st.get("phase") in ("Pending", "Running", "Succeeded"):
