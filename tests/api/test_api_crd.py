@@ -103,6 +103,14 @@ def test_example_is_accepted_offline(schema, body):
         (lambda s: s["recovery"]["elastic"].__setitem__("minReplicas", 8),
          r"spec\.recovery\.elastic\.minReplicas: .*must be <= spec\.replicas"),
         (lambda s: s["layout"].__setitem__("data", 0), r"spec\.layout\.data: should be greater than or equal to 1"),
+        (lambda s: s["template"]["spec"]["containers"][0].__setitem__("env", {"FOO": {"nested": "bar"}}),
+         r"spec\.template\.spec\.containers\[0\]\.env: .*must be of type array"),
+        (lambda s: s["template"]["spec"]["containers"][0].__setitem__("env", [{"value": "x"}]),
+         r"spec\.template\.spec\.containers\[0\]\.env\[0\]\.name: Required value"),
+        (lambda s: s["template"]["spec"].__setitem__("volumes", "scratch"),
+         r"spec\.template\.spec\.volumes: .*must be of type array"),
+        (lambda s: s["template"].__setitem__("metadata", {"labels": ["a"]}),
+         r"spec\.template\.metadata\.labels: .*must be of type object"),
     ],
 )
 def test_invalid_jobs_are_rejected_offline_as_in_python(schema, body, mutate, expected):

@@ -23,6 +23,7 @@ from lifeline.api._base import WireModel, field_error
 from lifeline.api._names import (NAME_MAX, NAME_RE, PERSIST_URI_PATTERN, SEED_MAX, check_name,
                                   check_persist_uri)
 from lifeline.api._quantity import parse_bytes
+from lifeline.api._template import TEMPLATE_SCHEMA, TRAINER_CONTAINER, template_problems
 
 __all__ = [
     "GROUP",
@@ -59,7 +60,6 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
-TRAINER_CONTAINER = "trainer"
 PHASES = ("Pending", "Running", "Recovering", "Succeeded", "Failed")
 CONDITION_TYPES = ("Ready", "Progressing", "Recovering", "Degraded")
 
@@ -85,42 +85,7 @@ Quantity = Annotated[
     WithJsonSchema({"x-kubernetes-int-or-string": True}),
 ]
 
-# The pod template stays opaque (any PodTemplateSpec field is kept as written); only
-# spec.containers[].name is typed, so the API server can check the trainer container exists.
-_TEMPLATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "x-kubernetes-preserve-unknown-fields": True,
-    "required": ["spec"],
-    "properties": {
-        "spec": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "required": ["containers"],
-            "properties": {
-                "containers": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 64,
-                    "items": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                        "required": ["name"],
-                        "properties": {"name": {"type": "string", "maxLength": 63}},
-                    },
-                    "x-kubernetes-validations": [
-                        {
-                            "rule": f"self.exists(c, c.name == '{TRAINER_CONTAINER}')",
-                            "message": f"spec.template.spec.containers must include a container named "
-                            f"'{TRAINER_CONTAINER}' (the training process)",
-                            "reason": "FieldValueRequired",
-                        }
-                    ],
-                }
-            },
-        }
-    },
-}
-PodTemplate = Annotated[dict[str, Any], WithJsonSchema(_TEMPLATE_SCHEMA)]
+PodTemplate = Annotated[dict[str, Any], WithJsonSchema(TEMPLATE_SCHEMA)]
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
@@ -300,6 +265,11 @@ class TrainingJobSpec(WireModel):
                 f"spec.template.spec.containers has no container named '{TRAINER_CONTAINER}' "
                 f"(found {names or 'none'}); name the training container '{TRAINER_CONTAINER}'",
             )
+        problems = template_problems(template)  # the fields the CRD types (env, volumes, ...)
+        if problems:
+            field, problem = problems[0]
+            raise field_error(field, f"{problem}; write spec.template as a Kubernetes PodTemplateSpec "
+                              "(env: a list of {name, value})")
         return template
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 import kubernetes
+from kubernetes.client.exceptions import ApiException
 
 from lifeline.api.trainingjob import GROUP, PLURAL, VERSION
 from lifeline.errors import CatalogError, LifelineError
@@ -43,25 +44,36 @@ def _env(memo: Any) -> Env:
 
 def _run(memo: Any, body: Any) -> None:
     env = _env(memo)
+    meta = body.get("metadata") or {}
+    ns, name = meta.get("namespace") or "", meta.get("name") or ""
     try:
         reconcile(env, body)
     except InvalidSpec as err:
-        meta = body.get("metadata") or {}
-        env.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, meta.get("namespace"), PLURAL, meta.get("name"), {"status": err.status}
-        )
+        try:
+            env.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": err.status})
+        except ApiException as patch_err:
+            if patch_err.status != 404:  # deleted meanwhile: nothing to mark
+                raise
         events.record(body, REASON_INVALID_SPEC, err.message)
         metrics.RECONCILE_ERRORS.labels("InvalidSpec").inc()
+        metrics.RECONCILES.labels(ns, name, "invalid_spec").inc()
         raise kopf.PermanentError(f"invalid TrainingJob: {err.message}") from err
     except CatalogError as err:
-        metrics.RECONCILE_ERRORS.labels("CatalogError").inc()
+        _retry(ns, name, err)
         raise kopf.TemporaryError(f"catalog unavailable: {err}", delay=5) from err
     except LifelineError as err:
-        metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+        _retry(ns, name, err)
         raise kopf.TemporaryError(str(err), delay=5) from err
     except Exception as err:  # noqa: BLE001 - API errors (ApiException, urllib3): retried with back-off
-        metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+        _retry(ns, name, err)
         raise kopf.TemporaryError(f"{type(err).__name__}: {err}", delay=3) from err
+    metrics.RECONCILES.labels(ns, name, "ok").inc()
+
+
+def _retry(namespace: str, name: str, err: Exception) -> None:
+    """Count a reconcile that raised and will be retried."""
+    metrics.RECONCILE_ERRORS.labels(type(err).__name__).inc()
+    metrics.RECONCILES.labels(namespace, name, "retry").inc()
 
 
 def _running(status: Any, **_: Any) -> bool:

@@ -10,7 +10,14 @@ uses can read them without collisions.
 ``lifeline_operator_checkpoint_lag_steps`` gauge      step - latest complete step, per job
 ``lifeline_operator_reconcile_seconds``    histogram  duration of one reconcile (observe+decide+act)
 ``lifeline_operator_reconcile_errors_total`` counter  reconciles that raised, by ``error`` class
+``lifeline_operator_reconciles_total``     counter    reconciles of each job, by ``outcome``: ``ok``,
+                                                      ``invalid_spec`` (marked Failed, not retried)
+                                                      or ``retry`` (raised; kopf retries it)
 =========================================  =========  ============================================
+
+``reconciles_total`` is how a retry loop shows: a job whose ``retry`` count keeps growing, or
+whose ``invalid_spec`` count passes 1 (tests/operator/test_hostile_specs.py asserts neither
+happens for hostile specs).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ __all__ = [
     "CHECKPOINT_LAG",
     "RECONCILE_SECONDS",
     "RECONCILE_ERRORS",
+    "RECONCILES",
     "serve",
 ]
 
@@ -60,6 +68,13 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter(
     "lifeline_operator_reconcile_errors_total", "Reconciles that raised, by error class.", ["error"], registry=REGISTRY
+)
+
+RECONCILES = Counter(
+    "lifeline_operator_reconciles_total",
+    "Reconciles of each job, by outcome: ok, invalid_spec (marked Failed) or retry (raised, retried).",
+    ["namespace", "job", "outcome"],
+    registry=REGISTRY,
 )
 
 

@@ -7,7 +7,9 @@ by the same or a new operator, repeats what is missing and nothing twice):
 2. a new plan: the TrainingJob's annotations (:mod:`lifeline.operator.recorded`), *then* the
    catalog's ``plan:<generation>`` (re-published at every reconcile until the catalog has it);
 3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
-   creations at the current generation (409 for a pod still terminating: retried next time);
+   creations at the current generation (409 for a pod still terminating: retried next time;
+   a template no pod can be built from, or a pod the API server (or the client) refuses as
+   invalid — 400, 422, an admission plugin's 403 — is an invalid spec: the job is marked Failed once, never retried);
 4. ``lifeline.dev/applied`` once every pod of the generation exists;
 5. status (subresource), events and metrics.
 """
@@ -27,7 +29,7 @@ from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from lifeline.api.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, rank_pod, secret_name
+from lifeline.api.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, secret_name
 from lifeline.api.recovery import RecoveryPlan
 from lifeline.api.trainingjob import (
     GROUP,
@@ -45,7 +47,7 @@ from lifeline.operator.decide import Reconcile, decide
 from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
-from lifeline.operator.spec import parse_job
+from lifeline.operator.spec import build_pod, invalid_spec, parse_job, pod_refused, refuses_the_pod
 from lifeline.operator.status import known_status, next_status
 
 __all__ = ["Env", "reconcile", "forget_job"]
@@ -121,12 +123,22 @@ def _ensure_secret(env: Env, job: TrainingJob) -> None:
     events.record(_job_ref(job), "SecretCreated", f"created Secret {name} with a new HMAC key for peer transfers")
 
 
-def _rank_pod_requests(env: Env, job: TrainingJob) -> dict[str, Any] | None:
+def _rank_pod_requests(env: Env, body: Mapping[str, Any], job: TrainingJob) -> dict[str, Any] | None:
     """One rank pod's resource requests when the job may reshard elastically (only then does the
-    planner need node capacities); ``None`` otherwise."""
+    planner need node capacities); ``None`` otherwise.
+
+    Raises:
+        lifeline.operator.spec.InvalidSpec: the template's resources cannot be read.
+    """
     if job.spec.recovery.elastic is None:
         return None
-    return pod_requests(rank_pod(job, 0, generation=0, config=env.pod_config))
+    pod = build_pod(body, job, 0, generation=0, config=env.pod_config)
+    try:
+        return pod_requests(pod)
+    except (TypeError, AttributeError, ValueError, KeyError) as err:
+        raise invalid_spec(body, f"spec.template.spec.containers[].resources cannot be read: {err}; write "
+                           "requests and limits as maps of quantities (cpu: 500m, memory: 1Gi)",
+                           field="spec.template.spec.containers[].resources") from err
 
 
 def _job_ref(job: TrainingJob) -> dict[str, Any]:
@@ -165,9 +177,14 @@ def _force_delete(env: Env, name: str, namespace: str) -> None:
             raise
 
 
-def _act_on_pods(env: Env, job: TrainingJob, d: Reconcile, before_create: Any = None) -> bool:
+def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconcile, before_create: Any = None) -> bool:
     """Delete then create pods (calling ``before_create()`` in between, when given); True when
-    every pod of ``d.create`` exists afterwards."""
+    every pod of ``d.create`` exists afterwards.
+
+    Raises:
+        lifeline.operator.spec.InvalidSpec: no pod can be built from the template, or the API
+            server refuses one as invalid (400, 422): the same template fails every time.
+    """
     ns = job.namespace
     for rank in d.delete:
         _force_delete(env, pod_name(job.name, rank), ns)
@@ -176,10 +193,15 @@ def _act_on_pods(env: Env, job: TrainingJob, d: Reconcile, before_create: Any = 
     complete = True
     config = env.pod_config
     for rank in d.create:
-        pod = rank_pod(job, rank, generation=d.generation, config=config, layout=d.layout, avoid_nodes=d.avoid_nodes)
+        pod = build_pod(body, job, rank, generation=d.generation, config=config, layout=d.layout,
+                         avoid_nodes=d.avoid_nodes)
         try:
             env.core.create_namespaced_pod(ns, pod)
+        except ValidationError as err:  # the client's own check of the pod body: as a 422, before sending
+            raise pod_refused(body, pod["metadata"]["name"], err) from err
         except ApiException as err:
+            if refuses_the_pod(err):  # invalid: the same template is refused every time
+                raise pod_refused(body, pod["metadata"]["name"], err) from err
             if err.status == 409:  # exists: ours from an earlier try, or the old one still terminating
                 existing = env.core.read_namespaced_pod(pod["metadata"]["name"], ns)
                 labels = existing.metadata.labels or {}
@@ -259,7 +281,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
         catalog.own(meta["uid"])
         persist = job.spec.checkpoint.persist
         obs = observe(env.core, catalog, namespace=job.namespace or "", job=job.name or "", world_size=world,
-                      cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, job),
+                      cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, body, job),
                       persist_every=persist.every if persist else 0)
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
@@ -291,7 +313,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
             # new generation from a pod about to be deleted), so it is published between the
             # deletes and the creates.
         if d.phase != "Failed" and (d.delete or d.create):
-            if _act_on_pods(env, job, d, before_create=publish) and recorded.applied < d.generation:
+            if _act_on_pods(env, body, job, d, before_create=publish) and recorded.applied < d.generation:
                 _patch_job(env, job, Recorded.applied_patch(d.generation))
         elif publish is not None:
             publish()

@@ -15,13 +15,17 @@ is either observable (pods, nodes, the catalog) or recorded here, written *befor
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lifeline.api.recovery import RecoveryPlan
+from lifeline.errors import LifelineError
 
 __all__ = ["PREFIX", "Recorded"]
+
+log = logging.getLogger("lifeline.operator")
 
 PREFIX = "lifeline.dev/"
 _GEN, _PLAN, _APPLIED, _HANDLED, _COOL = (PREFIX + k for k in ("generation", "plan", "applied", "handled", "cool-downs"))
@@ -47,27 +51,33 @@ class Recorded:
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str] | None) -> Recorded:
-        """Read the record from ``metadata.annotations`` (missing or unreadable keys: defaults)."""
+        """Read the record from ``metadata.annotations``. A missing key, or one that does not read
+        as its shape (anyone who may edit the job may write these annotations: ``"[1]"`` for a
+        generation, a list for the cool-downs), gives that field's default, logged; never an error."""
         ann = annotations or {}
 
-        def load(key: str, default: Any) -> Any:
+        def read(key: str, default: Any, convert: Any) -> Any:
+            if key not in ann:
+                return default
             try:
-                return json.loads(ann[key]) if key in ann else default
-            except ValueError:
+                return convert(json.loads(ann[key]))
+            except (ValueError, TypeError, AttributeError, KeyError, OverflowError, LifelineError) as err:
+                log.warning("ignoring the unreadable annotation %s=%.200r: %s", key, ann[key], err)
                 return default
 
-        plan = None
-        if ann.get(_PLAN):
-            try:
-                plan = RecoveryPlan.from_json(ann[_PLAN])
-            except (ValueError, KeyError, TypeError):
-                plan = None
+        def whole(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{v!r} is not an integer")
+            return v
+
+        plan = read(_PLAN, None, RecoveryPlan.from_wire) if ann.get(_PLAN) else None
         return cls(
-            generation=int(load(_GEN, 0)),
+            generation=read(_GEN, 0, whole),
             plan=plan,
-            applied=int(load(_APPLIED, -1)),
-            handled={str(k): {str(c): int(n) for c, n in v.items()} for k, v in load(_HANDLED, {}).items()},
-            cool_downs={str(k): float(v) for k, v in load(_COOL, {}).items()},
+            applied=read(_APPLIED, -1, whole),
+            handled=read(_HANDLED, {}, lambda v: {str(k): {str(c): whole(n) for c, n in c_n.items()}
+                                                  for k, c_n in v.items()}),
+            cool_downs=read(_COOL, {}, lambda v: {str(k): float(t) for k, t in v.items()}),
         )
 
     def commit_patch(self, plan: RecoveryPlan, handled: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
