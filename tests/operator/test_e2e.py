@@ -132,7 +132,8 @@ def test_operator_rights_stop_at_the_chart(devcluster, operator_release):
         assert can("patch", "trainingjobs.lifeline.dev/status", "-n", ns)
         assert not can("get", "secrets", "-n", other)
         assert not can("create", "pods", "-n", other)
-        assert can("list", "pods", "-n", other)  # node capacity: requests of every pod on a node
+        # node capacity counts the watched namespaces' pods: no pod list elsewhere unless opted in
+        assert not can("list", "pods", "-n", other) and not can("list", "pods", "--all-namespaces")
         assert not can("get", "pods", "-n", other) and not can("watch", "pods", "-n", other)
         assert not can("delete", "nodes")
         assert not can("update", "secrets", "-n", ns)
