@@ -46,7 +46,11 @@ def _resolved_env(container: dict, *, node: str, pod_ip: str, secret: dict[str, 
         elif "fieldRef" in e["valueFrom"]:
             out[e["name"]] = {"spec.nodeName": node, "status.podIP": pod_ip}[e["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
-            out[e["name"]] = secret[e["valueFrom"]["secretKeyRef"]["key"]]
+            ref = e["valueFrom"]["secretKeyRef"]
+            if ref["key"] in secret:
+                out[e["name"]] = secret[ref["key"]]
+            else:  # the kubelet leaves an optional missing key unset and refuses a required one
+                assert ref.get("optional") is True, f"{e['name']}: required Secret key {ref['key']} missing"
     return out
 
 
@@ -123,9 +127,11 @@ def test_on_the_dev_cluster_the_arena_lies_in_the_pods_own_volume(job, monkeypat
 def test_env_validates_as_the_roles_settings(job):
     """The env the operator writes is what lifeline.api.pod accepts: no typo, no missing field."""
     pod = rank_pod(job, 3, generation=1, config=CONFIG)
-    secret = {"hmac-key": "k" * 64, "s3-access-key": "ak", "s3-secret-key": "sk"}
+    secret = {"hmac-key": "k" * 64, "s3-access-key": "ak", "s3-secret-key": "sk",
+              "redis-username": "lifeline-job-gpt-moe", "redis-password": "r" * 64}
     side = _resolved_env(_container(pod, "sidecar"), node="node-b", pod_ip="10.1.0.7", secret=secret)
     sidecar = SidecarSettings.load(**{k.removeprefix("LIFELINE_").lower(): v for k, v in side.items()})
+    assert (sidecar.redis_username, sidecar.redis_password.get_secret_value()) == ("lifeline-job-gpt-moe", "r" * 64)
     assert (sidecar.job, sidecar.rank, sidecar.world_size, sidecar.node) == ("gpt-moe", 3, 4, "node-b")
     assert (sidecar.pod_ip, sidecar.peer_port, sidecar.redis_url) == ("10.1.0.7", 7070, CONFIG.redis_url)
     assert (sidecar.persist_uri, sidecar.persist_every, sidecar.peer_replicas) == ("s3://lifeline/checkpoints", 10, 1)
@@ -143,6 +149,7 @@ def test_env_validates_as_the_roles_settings(job):
     assert (trainer.persist_uri, trainer.s3_endpoint, trainer.s3_access_key, trainer.s3_secure) == \
         (sidecar.persist_uri, sidecar.s3_endpoint, sidecar.s3_access_key, sidecar.s3_secure)
     assert trainer.s3_secret_key.get_secret_value() == "sk"
+    assert (trainer.redis_username, trainer.redis_password) == (sidecar.redis_username, sidecar.redis_password)
 
 
 def test_cooldown_nodes_are_anded_into_every_affinity_term(job_body):
@@ -219,6 +226,66 @@ def test_job_secret(job):
     sec = job_secret(job, hmac_key="ab" * 32, s3_access_key="ak", s3_secret_key="sk")
     assert sec["metadata"]["name"] == "gpt-moe-lifeline"
     assert sec["metadata"]["ownerReferences"][0]["uid"] == job.metadata["uid"]
-    assert sec["stringData"] == {"hmac-key": "ab" * 32, "s3-access-key": "ak", "s3-secret-key": "sk"}
+    assert sec["stringData"] == {"hmac-key": "ab" * 32, "s3-access-key": "ak", "s3-secret-key": "sk",
+                                 "redis-username": "", "redis-password": ""}
+    sec = job_secret(job, hmac_key="ab" * 32, redis_username="lifeline-job-gpt-moe", redis_password="p" * 64)
+    assert (sec["stringData"]["redis-username"], sec["stringData"]["redis-password"]) == ("lifeline-job-gpt-moe",
+                                                                                          "p" * 64)
     with pytest.raises(ValueError, match="at least 16"):
         job_secret(job, hmac_key="short")
+
+
+RESTRICTED_CONTAINER = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_pod_runs_restricted_with_emptydir_writable_paths(job):
+    """Non-root, read-only root, no capabilities, no escalation, RuntimeDefault seccomp; the writable
+    paths are emptyDirs (the Memory arena at /dev/shm, /tmp) mounted in both containers."""
+    pod = rank_pod(job, 0, generation=0, config=CONFIG)
+    assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                              "seccompProfile": {"type": "RuntimeDefault"}}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for name in ("trainer", "sidecar"):
+        c = _container(pod, name)
+        assert c["securityContext"] == RESTRICTED_CONTAINER, name
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert set(mounts) == {"/dev/shm", "/tmp"}
+        assert all("emptyDir" in volumes[v] for v in mounts.values())
+
+
+def test_template_security_choices_are_kept_for_the_trainer_only(job_body):
+    spec = job_body["spec"]["template"]["spec"]
+    spec["securityContext"] = {"runAsUser": 2000, "fsGroup": 2000}
+    spec["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": False}
+    spec["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/tmp"}]
+    spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    pod = rank_pod(load_trainingjob(job_body), 0, generation=0, config=CONFIG)
+    assert pod["spec"]["securityContext"]["runAsUser"] == 2000 and pod["spec"]["securityContext"]["fsGroup"] == 2000
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    trainer = _container(pod, "trainer")
+    assert trainer["securityContext"] == {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": False}
+    assert [m["name"] for m in trainer["volumeMounts"] if m["mountPath"] == "/tmp"] == ["scratch"]
+    assert _container(pod, "sidecar")["securityContext"] == RESTRICTED_CONTAINER
+
+
+def test_redis_credentials_only_by_optional_reference(job):
+    pod = rank_pod(job, 1, generation=0, config=CONFIG)
+    for name in ("trainer", "sidecar"):
+        env = _env(_container(pod, name))
+        for var, key in (("LIFELINE_REDIS_USERNAME", "redis-username"), ("LIFELINE_REDIS_PASSWORD", "redis-password")):
+            assert env[var]["valueFrom"]["secretKeyRef"] == {"name": "gpt-moe-lifeline", "key": key, "optional": True}
+        assert "@" not in env["LIFELINE_REDIS_URL"]["value"]  # no credentials in the URL
+
+
+def test_job_network_policy_admits_only_the_jobs_pods(job):
+    from lifeline.api.netpol import job_network_policy
+
+    pol = job_network_policy(job)
+    assert (pol["kind"], pol["metadata"]["name"], pol["metadata"]["namespace"]) == \
+        ("NetworkPolicy", "gpt-moe-lifeline", "team-a")
+    assert pol["metadata"]["ownerReferences"][0]["uid"] == job.metadata["uid"]
+    own = {"matchLabels": {LABEL_JOB: "gpt-moe"}}
+    assert pol["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}
+    pod = rank_pod(job, 0, generation=0, config=CONFIG)
+    assert pod["metadata"]["labels"][LABEL_JOB] == "gpt-moe"  # the selector matches every rank pod

@@ -88,3 +88,63 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "lifeline.s3SecretName" -}}
 {{- default (printf "%s-object-storage" (include "lifeline.fullname" .)) .Values.objectStorage.existingSecret -}}
 {{- end -}}
+
+{{/* Name of the Secret holding the Redis password (key "password"): redis.auth.existingSecret or the chart's. */}}
+{{- define "lifeline.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "lifeline.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- end -}}
+
+{{/* "true" when the catalog needs a password: auth on, and a Secret to read it from (the chart makes
+     one for the in-cluster Redis; an external Redis needs redis.auth.existingSecret). */}}
+{{- define "lifeline.redisAuth" -}}
+{{- if and .Values.redis.auth.enabled (or .Values.redis.auth.existingSecret (not .Values.redis.external.url)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* A Secret's value under key, kept from the live object on upgrade (lookup), else random: credentials
+     are never literal in values.yaml. Call with (dict "ctx" $ "name" NAME "key" KEY "given" VALUE). */}}
+{{- define "lifeline.secretValue" -}}
+{{- if .given -}}
+{{- .given | b64enc -}}
+{{- else -}}
+{{- $old := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
+{{- if and $old (hasKey ($old.data | default dict) .key) -}}
+{{- index $old.data .key -}}
+{{- else -}}
+{{- randAlphaNum 40 | b64enc -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod-level securityContext of every chart pod (Pod Security Standard "restricted"); call with the uid. */}}
+{{- define "lifeline.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ . }}
+runAsGroup: {{ . }}
+fsGroup: {{ . }}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* Container securityContext of every chart container: read-only root, no capabilities, no escalation. */}}
+{{- define "lifeline.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* NetworkPolicy peers: the training pods (every rank pod carries app.kubernetes.io/managed-by=lifeline-operator)
+     of the watched namespaces, or of every namespace with operator.clusterWide. */}}
+{{- define "lifeline.trainingPeers" -}}
+- podSelector:
+    matchLabels: {app.kubernetes.io/managed-by: lifeline-operator}
+  {{- if .Values.operator.clusterWide }}
+  namespaceSelector: {}
+  {{- else }}
+  namespaceSelector:
+    matchExpressions:
+      - {key: kubernetes.io/metadata.name, operator: In, values: {{ splitList "," (include "lifeline.watchNamespaces" .) | toJson }}}
+  {{- end }}
+{{- end -}}

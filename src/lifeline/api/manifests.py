@@ -22,6 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifeline.api._security import (
+    TMP_MOUNT,
+    TMP_VOLUME,
+    restricted_container_context,
+    restricted_pod_context,
+    with_defaults,
+)
 from lifeline.api.pod import PodSettings, SidecarSettings, TrainerSettings
 from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob, TrainingJobSpec
 
@@ -37,6 +44,8 @@ __all__ = [
     "SECRET_HMAC_KEY",
     "SECRET_S3_ACCESS_KEY",
     "SECRET_S3_SECRET_KEY",
+    "SECRET_REDIS_USERNAME",
+    "SECRET_REDIS_PASSWORD",
     "PodConfig",
     "pod_name",
     "secret_name",
@@ -57,6 +66,8 @@ ARENA_MOUNT = "/dev/shm"
 SECRET_HMAC_KEY = "hmac-key"
 SECRET_S3_ACCESS_KEY = "s3-access-key"
 SECRET_S3_SECRET_KEY = "s3-secret-key"
+SECRET_REDIS_USERNAME = "redis-username"
+SECRET_REDIS_PASSWORD = "redis-password"
 _HOSTNAME = "kubernetes.io/hostname"
 
 
@@ -116,13 +127,16 @@ def owner_reference(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def job_secret(job: TrainingJob, *, hmac_key: str, s3_access_key: str = "", s3_secret_key: str = "") -> dict[str, Any]:
+def job_secret(job: TrainingJob, *, hmac_key: str, s3_access_key: str = "", s3_secret_key: str = "",
+               redis_username: str = "", redis_password: str = "") -> dict[str, Any]:
     """The job's Secret: the HMAC key every sidecar-to-sidecar transfer is authenticated with.
 
     Args:
         job: the TrainingJob (with ``metadata.name``, ``namespace`` and ``uid``).
         hmac_key: at least 16 characters, e.g. ``secrets.token_hex(32)`` (64 hex characters).
         s3_access_key / s3_secret_key: object-storage credentials copied for the sidecars.
+        redis_username / redis_password: the catalog's AUTH for both containers: the job's Redis
+            ACL user (:func:`lifeline.catalog.job_user`), or ``""`` and the shared password.
 
     Raises:
         ValueError: ``hmac_key`` is shorter than 16 characters (the sidecar refuses it).
@@ -144,6 +158,8 @@ def job_secret(job: TrainingJob, *, hmac_key: str, s3_access_key: str = "", s3_s
             SECRET_HMAC_KEY: hmac_key,
             SECRET_S3_ACCESS_KEY: s3_access_key,
             SECRET_S3_SECRET_KEY: s3_secret_key,
+            SECRET_REDIS_USERNAME: redis_username,
+            SECRET_REDIS_PASSWORD: redis_password,
         },
     }
 
@@ -165,6 +181,11 @@ def _common_env(job: TrainingJob, rank: int, world_size: int, config: PodConfig)
         _env("LIFELINE_NODE", PodSettings, fieldRef={"fieldPath": "spec.nodeName"}),
         _env("LIFELINE_SECRET", PodSettings, secretKeyRef={"name": secret, "key": SECRET_HMAC_KEY}),
         _env("LIFELINE_REDIS_URL", SidecarSettings, config.redis_url),
+        # optional: a Secret written before Redis AUTH existed lacks these keys (then: no AUTH)
+        _env("LIFELINE_REDIS_USERNAME", PodSettings, secretKeyRef={"name": secret, "key": SECRET_REDIS_USERNAME,
+                                                                   "optional": True}),
+        _env("LIFELINE_REDIS_PASSWORD", PodSettings, secretKeyRef={"name": secret, "key": SECRET_REDIS_PASSWORD,
+                                                                   "optional": True}),
         _env("LIFELINE_POD_IP", SidecarSettings, fieldRef={"fieldPath": "status.podIP"}),
     ]
 
@@ -293,7 +314,9 @@ def rank_pod(
         avoid_nodes: nodes in cool-down for this job (a ``NotIn`` node-affinity term).
 
     Returns:
-        A Pod dict. ``restartPolicy`` is ``OnFailure``: a crashed trainer restarts in place while
+        A Pod dict meeting the ``restricted`` Pod Security Standard (:mod:`lifeline.api._security`:
+        non-root, read-only root filesystem, no capabilities, RuntimeDefault seccomp; writable
+        paths are the arena emptyDir at ``/dev/shm`` and an emptyDir at ``/tmp``). ``restartPolicy`` is ``OnFailure``: a crashed trainer restarts in place while
         its sidecar keeps the L0 copy (the cheapest recovery rung); a template's own
         ``restartPolicy`` is overridden for that reason.
 
@@ -317,6 +340,7 @@ def rank_pod(
     }
     common = _common_env(job, rank, world_size, config)
     mount = {"name": ARENA_VOLUME, "mountPath": ARENA_MOUNT}
+    tmp = {"name": TMP_VOLUME, "mountPath": TMP_MOUNT}
 
     containers = []
     trainer: dict[str, Any] = {}
@@ -324,9 +348,11 @@ def rank_pod(
         if c.get("name") == TRAINER_CONTAINER:
             trainer = c
             c["env"] = _merge_env(c.get("env", []), copy.deepcopy(common) + _trainer_env(job, layout, config))
-            c["volumeMounts"] = [
-                m for m in c.get("volumeMounts", []) if m.get("name") != ARENA_VOLUME and m.get("mountPath") != ARENA_MOUNT
-            ] + [mount]
+            mounts = [m for m in c.get("volumeMounts", [])
+                      if m.get("name") not in (ARENA_VOLUME, TMP_VOLUME) and m.get("mountPath") != ARENA_MOUNT]
+            own_tmp = any(m.get("mountPath") == TMP_MOUNT for m in mounts)
+            c["volumeMounts"] = mounts + [mount] + ([] if own_tmp else [tmp])
+            c["securityContext"] = with_defaults(c.get("securityContext"), restricted_container_context())
         containers.append(c)
 
     sidecar: dict[str, Any] = {
@@ -343,7 +369,8 @@ def rank_pod(
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, tmp],
+        "securityContext": restricted_container_context(),
     }
     if trainer.get("imagePullPolicy"):
         sidecar["imagePullPolicy"] = trainer["imagePullPolicy"]
@@ -354,12 +381,14 @@ def rank_pod(
     arena: dict[str, Any] = {"medium": "Memory"}
     if job.spec.checkpoint.memory_limit is not None:
         arena["sizeLimit"] = str(job.spec.checkpoint.memory_limit)
-    volumes = [v for v in spec.get("volumes", []) if v.get("name") != ARENA_VOLUME]
+    volumes = [v for v in spec.get("volumes", []) if v.get("name") not in (ARENA_VOLUME, TMP_VOLUME)]
     volumes.append({"name": ARENA_VOLUME, "emptyDir": arena})
+    volumes.append({"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}})
 
     spec["containers"] = containers
     spec["volumes"] = volumes
     spec["restartPolicy"] = "OnFailure"
+    spec["securityContext"] = with_defaults(spec.get("securityContext"), restricted_pod_context())
     if config.service_account and not spec.get("serviceAccountName"):
         spec["serviceAccountName"] = config.service_account
     affinity = _avoid_nodes(spec.get("affinity"), avoid_nodes)

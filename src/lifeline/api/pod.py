@@ -69,6 +69,9 @@ class PodSettings(BaseSettings):
       in L0 at once. Default 3.
     * ``LIFELINE_SLOT_BYTES`` — size of each slot in bytes; must hold one rank's blob
       (``ShardPlan.nbytes``). Default 256 MiB.
+    * ``LIFELINE_REDIS_USERNAME`` / ``LIFELINE_REDIS_PASSWORD`` — Redis AUTH of the catalog: the
+      job's ACL user (allowed only the job's keys) or empty and the shared password; from the job's
+      Secret. Both empty: no AUTH.
     """
 
     model_config = SettingsConfigDict(env_prefix="LIFELINE_", extra="ignore", populate_by_name=True)
@@ -82,6 +85,8 @@ class PodSettings(BaseSettings):
     socket_path: Path | None = None
     slots: int = Field(default=3, ge=2)
     slot_bytes: int = Field(default=256 << 20, ge=4096)
+    redis_username: str = ""
+    redis_password: SecretStr = SecretStr("")
 
     @field_validator("secret")
     @classmethod

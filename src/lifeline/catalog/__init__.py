@@ -2,7 +2,8 @@
 
 * :class:`Catalog` - registry and heartbeats, holdings per (step, rank, tier), the latest
   complete step, persistence commits, corruption reports, recovery plans and generations,
-  trainer progress, rendezvous addresses, upstream-log coverage, ownership and wipe.
+  trainer progress, rendezvous addresses, upstream-log coverage, ownership and wipe; the job's
+  Redis ACL user (:meth:`Catalog.grant_job_user`, :func:`job_user`).
 * :class:`CatalogView` - what a runner reads each round (:meth:`Catalog.view`).
 * the documents: :class:`SidecarRegistration`, :class:`ProgressReport`,
   :class:`CorruptionReport`, :class:`LogCoverage` (recovery plans are
@@ -11,6 +12,7 @@
 The key names are in :mod:`lifeline.catalog._keys`; nothing outside this part spells one.
 """
 
+from lifeline.catalog._acl import job_user
 from lifeline.catalog._catalog import Catalog, CatalogView
 from lifeline.catalog._keys import Keys
 from lifeline.catalog.documents import (
@@ -21,5 +23,10 @@ from lifeline.catalog.documents import (
     SidecarRegistration,
 )
 
+<<<<<<< HEAD
 __all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "PersistedWindows",
            "ProgressReport", "SidecarRegistration"]
+=======
+__all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "ProgressReport",
+           "SidecarRegistration", "job_user"]
+>>>>>>> wt-priv

@@ -6,10 +6,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import os
+
 import redis
 
 from lifeline.api.recovery import TIERS, Holding, RecoveryPlan, Tier
 from lifeline.catalog import _scripts
+from lifeline.catalog._acl import job_acl_rules, job_user
 from lifeline.catalog._keys import Keys, holder_member, parse_member
 from lifeline.catalog.documents import (
     CorruptionReport,
@@ -55,18 +58,25 @@ class Catalog:
         url: ``redis://[:password@]host:port/db``.
         job: TrainingJob name (the key namespace).
         world_size: number of ranks (completeness checks and per-rank reads).
+        username, password: Redis AUTH (an ACL user, or the default user when ``username`` is
+            empty). ``None`` (default): from ``LIFELINE_REDIS_USERNAME`` / ``LIFELINE_REDIS_PASSWORD``
+            (pods get them from the job's Secret); empty everywhere: no AUTH (or the URL's).
 
     Every method raises :class:`~lifeline.errors.CatalogError` (job in its context) when Redis is
     unreachable or a stored document is malformed; callers on background threads catch it and
     resynchronise once Redis is back.
     """
 
-    def __init__(self, url: str, job: str, world_size: int) -> None:
+    def __init__(self, url: str, job: str, world_size: int, *, username: str | None = None,
+                 password: str | None = None) -> None:
         self.job = job
         self.world_size = world_size
         self.keys = Keys(job)
+        username = os.environ.get("LIFELINE_REDIS_USERNAME", "") if username is None else username
+        password = os.environ.get("LIFELINE_REDIS_PASSWORD", "") if password is None else password
+        auth = {"username": username or None, "password": password} if password else {}
         self._r = redis.Redis.from_url(
-            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, decode_responses=True
+            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, decode_responses=True, **auth
         )
         self._advance = self._r.register_script(_scripts.ADVANCE)
         self._persisted = self._r.register_script(_scripts.PERSISTED)
@@ -305,6 +315,18 @@ class Catalog:
             return False
         self.wipe()
         return True
+
+    def grant_job_user(self, password: str) -> str:
+        """Create (or reset) the job's Redis ACL user (:mod:`lifeline.catalog._acl`): ``password``,
+        the job's keys only. Idempotent; call it again after a Redis restart (ACLs are not persisted).
+        Needs an admin connection. Returns the user name."""
+        user = job_user(self.job)
+        self._call(self._r.execute_command, "ACL", "SETUSER", user, *job_acl_rules(self.job, password))
+        return user
+
+    def revoke_job_user(self) -> None:
+        """Delete the job's Redis ACL user (absent is fine). Needs an admin connection."""
+        self._call(self._r.execute_command, "ACL", "DELUSER", job_user(self.job))
 
     def wipe(self) -> None:
         """Delete every key of the job."""

@@ -137,12 +137,25 @@ class _Server:
 class RedisServer(_Server):
     """A real ``redis-server`` on ``127.0.0.1`` (no persistence, data dir under ``state_dir``).
 
+    Args:
+        password: when non-empty, the default user's password (``requirepass``, written to a 0600
+            config file in ``state_dir``, never on the command line); clients must AUTH with it.
+            Empty (default): no password.
+
     Attributes:
-        url: ``redis://127.0.0.1:PORT/0``.
+        url: ``redis://127.0.0.1:PORT/0`` (no credentials in it).
         port: the TCP port (int).
+        password: the default user's password ('' = none).
     """
 
     name = "redis"
+
+    def __init__(self, *, state_dir: str | Path | None = None, port: int | None = None,
+                 password: str = "", startup_timeout: float = 60.0) -> None:
+        super().__init__(state_dir=state_dir, port=port, startup_timeout=startup_timeout)
+        if any(c.isspace() or c == '"' for c in password):
+            raise ClusterError("the Redis password must not contain whitespace or quotes", field="password")
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -155,14 +168,19 @@ class RedisServer(_Server):
         return f"127.0.0.1:{self.port}"
 
     def _argv(self, port: int) -> list[str]:
-        return [str(redis_server_binary()), "--bind", "127.0.0.1", "--port", str(port),
+        conf = self.state_dir / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n' if self.password else "")
+        return [str(redis_server_binary()), str(conf), "--bind", "127.0.0.1", "--port", str(port),
                 "--dir", str(self.state_dir), "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--protected-mode", "no", "--logfile", ""]
 
     def _answers(self) -> bool:
         import redis
 
-        client = redis.Redis(host="127.0.0.1", port=self._port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=self._port, socket_timeout=1, socket_connect_timeout=1,
+                             password=self.password or None)
         try:
             return bool(client.ping())
         finally:

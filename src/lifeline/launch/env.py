@@ -22,6 +22,8 @@ from typing import Any
 from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob
 from lifeline.api.manifests import (
     SECRET_HMAC_KEY,
+    SECRET_REDIS_PASSWORD,
+    SECRET_REDIS_USERNAME,
     SECRET_S3_ACCESS_KEY,
     SECRET_S3_SECRET_KEY,
     SIDECAR_CONTAINER,
@@ -42,16 +44,20 @@ LOCAL_ENV: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class Secrets:
-    """The job Secret's values (``hmac_key`` >= 16 characters; S3 credentials may be empty)."""
+    """The job Secret's values (``hmac_key`` >= 16 characters; S3 and Redis credentials may be empty)."""
 
     hmac_key: str
     s3_access_key: str = ""
     s3_secret_key: str = ""
+    redis_username: str = ""
+    redis_password: str = ""
 
     def get(self, key: str) -> str:
-        """The value of Secret key ``key`` (``hmac-key``, ``s3-access-key``, ``s3-secret-key``)."""
+        """The value of Secret key ``key`` (``hmac-key``, ``s3-access-key``, ``s3-secret-key``,
+        ``redis-username``, ``redis-password``)."""
         return {SECRET_HMAC_KEY: self.hmac_key, SECRET_S3_ACCESS_KEY: self.s3_access_key,
-                SECRET_S3_SECRET_KEY: self.s3_secret_key}[key]
+                SECRET_S3_SECRET_KEY: self.s3_secret_key, SECRET_REDIS_USERNAME: self.redis_username,
+                SECRET_REDIS_PASSWORD: self.redis_password}[key]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """The shared services of a local run: the Redis catalog and the L2 store.
 
 * Redis: a real ``redis-server`` on loopback (:class:`lifeline.devcluster.services.RedisServer`),
-  fresh for every run (the catalog is rebuilt; checkpoints survive in L2).
+  fresh for every run (the catalog is rebuilt; checkpoints survive in L2), with a random password
+  for its default user (the launcher's own connection) and the job's ACL user, allowed only the
+  job's keys (:meth:`lifeline.catalog.Catalog.grant_job_user`), whose credentials the ranks get
+  through the job Secret's ``redis-username``/``redis-password``, as on Kubernetes.
 * L2: ``--persist-uri`` if given; else the spec's ``checkpoint.persist.uri`` — a ``file://`` URI
   as written, an ``s3://`` URI on ``--s3-endpoint`` if given, otherwise on a MinIO server started
   here with its data under the state dir (so a second run with the same state dir finds the
@@ -11,11 +14,13 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lifeline.api import TrainingJob
+from lifeline.catalog import Catalog
 from lifeline.checkpoint import Storage, storage_from_uri
 from lifeline.devcluster.services import MinioServer, RedisServer
 from lifeline.errors import ConfigError
@@ -31,10 +36,15 @@ class Services:
         redis_url: the catalog URL.
         persist_uri: the L2 URI handed to the sidecars (``None``: no L2).
         s3_endpoint, s3_access_key, s3_secret_key: object storage for ``s3://`` URIs.
+        redis_password: the Redis default user's password (the launcher's connection).
+        redis_job_username, redis_job_password: the job's ACL user (the ranks' connections).
         servers: the servers started here (stopped by :meth:`stop`).
     """
 
     redis_url: str
+    redis_password: str = ""
+    redis_job_username: str = ""
+    redis_job_password: str = ""
     persist_uri: str | None = None
     s3_endpoint: str = ""
     s3_access_key: str = ""
@@ -49,6 +59,10 @@ class Services:
             return storage_from_uri(self.persist_uri, endpoint=self.s3_endpoint, access_key=self.s3_access_key,
                                     secret_key=self.s3_secret_key)
         return storage_from_uri(self.persist_uri)
+
+    def catalog(self, job: str, world_size: int) -> Catalog:
+        """An admin :class:`~lifeline.catalog.Catalog` of ``job`` (the default user's password)."""
+        return Catalog(self.redis_url, job, world_size, username="", password=self.redis_password)
 
     def pids(self) -> dict[str, int]:
         """Process ids of the servers started here, by name."""
@@ -85,9 +99,15 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
         ClusterError: a server did not start.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
-    redis = RedisServer(state_dir=state_dir / "redis").start()
-    services = Services(redis_url=redis.url, servers=[redis])
+    redis = RedisServer(state_dir=state_dir / "redis", password=secrets.token_hex(32)).start()
+    services = Services(redis_url=redis.url, redis_password=redis.password, servers=[redis])
     try:
+        admin = services.catalog(job.name or "", 1)
+        try:
+            services.redis_job_password = secrets.token_hex(32)
+            services.redis_job_username = admin.grant_job_user(services.redis_job_password)
+        finally:
+            admin.close()
         uri = persist_uri or (job.spec.checkpoint.persist.uri if job.spec.checkpoint.persist else None)
         if uri is None:
             return services

@@ -130,8 +130,10 @@ class Supervisor:
     def _start(self) -> None:
         self.services = start_services(self.job, self.state_dir, persist_uri=self.options.persist_uri,
                                        s3_endpoint=self.options.s3_endpoint)
-        self.secrets = Secrets(self.secrets.hmac_key, self.services.s3_access_key, self.services.s3_secret_key)
-        self.catalog = Catalog(self.services.redis_url, self.name, self.layout.world_size)
+        sv = self.services
+        self.secrets = Secrets(self.secrets.hmac_key, sv.s3_access_key, sv.s3_secret_key,
+                               sv.redis_job_username, sv.redis_job_password)
+        self.catalog = sv.catalog(self.name, self.layout.world_size)
         start = self._resume_plan(generation=1, restarts=0)
         if start is not None:
             self.catalog.put_plan(start)
@@ -373,7 +375,7 @@ class Supervisor:
         self.pods.clear()
         self.layout = plan.layout
         self.catalog.close()
-        self.catalog = Catalog(self.services.redis_url, self.name, self.layout.world_size)
+        self.catalog = self.services.catalog(self.name, self.layout.world_size)
         start = self._resume_plan(generation=plan.generation, restarts=plan.restarts)
         if start is None:
             raise RecoveryError("resharding needs an L2 checkpoint and the L2 store holds none", job=self.name)

@@ -9,7 +9,9 @@ measures it (NodeResourcesFit: the sum of the requests of the pods bound to the 
                      floor((allocatable[r] - requested[r] by the node's other pods) / request[r])
 
 "Other pods" are the node's pods that are not terminated (phase not Succeeded/Failed) and do not
-belong to this job; the job's own pods on the node are counted by the planner as load, so they
+belong to this job, among the pods the operator may list: by default those of the namespaces it
+watches (its Roles allow it), every namespace only with the chart's opt-in
+``operator.listPodsClusterWide`` (docs/security.md); the job's own pods on the node are counted by the planner as load, so they
 are part of the capacity. A resource the node does not offer gives 0. A rank pod with no requests
 gives ``None`` (not limited). Pure functions over API objects (dicts, as the API returns them).
 """
@@ -62,7 +64,8 @@ def with_capacity(cluster: ClusterState, nodes: Mapping[str, Mapping[str, Any]],
     Args:
         cluster: the observed cluster (capacities unset).
         nodes: every node's raw object by name.
-        pods: every pod of the cluster (all namespaces); terminated ones and ``job``'s are skipped.
+        pods: the pods counted as load (all namespaces, or the watched ones); terminated ones and
+            ``job``'s are skipped.
         per_pod: one rank pod's requests (:func:`pod_requests` of the pod the operator builds).
         namespace, job: the TrainingJob (its pods carry ``lifeline.dev/job=<job>`` in ``namespace``).
     """

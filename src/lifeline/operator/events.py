@@ -20,6 +20,7 @@ log = logging.getLogger("lifeline.operator.events")
 REASONS = {
     # normal
     "SecretCreated": "Normal",
+    "NetworkPolicyCreated": "Normal",
     "PodCreated": "Normal",
     "Running": "Normal",
     "Succeeded": "Normal",

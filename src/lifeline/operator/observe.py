@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -233,7 +233,8 @@ class Observation:
 
 def observe(core: CoreV1Api, catalog: Catalog | None, *, namespace: str, job: str, world_size: int,
             cool_downs: Mapping[str, float], recent_steps: int = 4, persist_every: int = 0,
-            pod_requests: Mapping[str, Any] | None = None) -> Observation:
+            pod_requests: Mapping[str, Any] | None = None,
+            capacity_namespaces: Sequence[str] | None = None) -> Observation:
     """Read the job's pods, every node, and the catalog.
 
     Args:
@@ -246,8 +247,13 @@ def observe(core: CoreV1Api, catalog: Catalog | None, *, namespace: str, job: st
         persist_every: the job's L2 interval (steps; 0: none); the latest L2 checkpoint is read
             too however many memory-tier steps came after it (a reshard restores from it).
         pod_requests: one rank pod's resource requests; when given, every node's capacity for the
-            job is filled in (:mod:`lifeline.operator.capacity`) from a list of every pod, which
-            needs cluster-wide pod reads: without them (403) capacities stay unknown.
+            job is filled in (:mod:`lifeline.operator.capacity`) from the pods of
+            ``capacity_namespaces``: without the right to list them (403) capacities stay unknown.
+        capacity_namespaces: whose pods' requests count against node allocatable; ``None``: every
+            namespace (one cluster-wide list, the opt-in ``LIST_PODS_CLUSTER_WIDE`` or a
+            cluster-wide operator). Pods of other namespaces are then not seen, so a node's room
+            may be overestimated; the scheduler still refuses a pod that does not fit (it stays
+            Pending and the next reconcile sees it).
 
     Raises:
         kubernetes.client.ApiException: the API server refused a list call (the handler retries).
@@ -258,7 +264,8 @@ def observe(core: CoreV1Api, catalog: Catalog | None, *, namespace: str, job: st
     nodes = {n["metadata"]["name"]: n for n in nodes_raw}
     cluster = ClusterState(nodes=node_states(nodes_raw), cool_downs=tuple(sorted(cool_downs.items())))
     if pod_requests:
-        cluster = _with_capacity(core, cluster, nodes, pod_requests, namespace=namespace, job=job)
+        cluster = _with_capacity(core, cluster, nodes, pod_requests, namespace=namespace, job=job,
+                                 namespaces=capacity_namespaces)
     obs = dict(pods=pods_by_rank(pods_raw, world_size), terminating=pods_by_rank(pods_raw, world_size, terminating=True),
                nodes=nodes, cluster=cluster, at=time.time())
     if catalog is None:
@@ -271,14 +278,18 @@ def observe(core: CoreV1Api, catalog: Catalog | None, *, namespace: str, job: st
 
 
 def _with_capacity(core: CoreV1Api, cluster: ClusterState, nodes: Mapping[str, Any], per_pod: Mapping[str, Any], *,
-                   namespace: str, job: str) -> ClusterState:
+                   namespace: str, job: str, namespaces: Sequence[str] | None) -> ClusterState:
+    live = "status.phase!=Succeeded,status.phase!=Failed"
     try:
-        pods = core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        if namespaces is None:
+            items = core.list_pod_for_all_namespaces(field_selector=live).items
+        else:
+            items = [p for ns in namespaces for p in core.list_namespaced_pod(ns, field_selector=live).items]
     except ApiException as err:
         if err.status != 403:
             raise
-        log.warning("cannot list pods cluster-wide (%s): node capacities unknown, so no elastic reshard; "
-                    "the chart grants it with operator.nodeCapacity=true", err.reason)
+        log.warning("cannot list pods of %s (%s): node capacities unknown, so no elastic reshard",
+                    "every namespace" if namespaces is None else ",".join(namespaces), err.reason)
         return cluster
-    raw = core.api_client.sanitize_for_serialization(pods.items)
+    raw = core.api_client.sanitize_for_serialization(items)
     return with_capacity(cluster, nodes, raw, per_pod, namespace=namespace, job=job)

@@ -3,7 +3,7 @@
 Order of writes, so that killing the operator at any point is safe (the next reconcile,
 by the same or a new operator, repeats what is missing and nothing twice):
 
-1. the job's Secret (create if absent);
+1. the job's Secret and NetworkPolicy (create if absent), its Redis ACL user (re-granted each time);
 2. a new plan: the TrainingJob's annotations (:mod:`lifeline.operator.recorded`), *then* the
    catalog's ``plan:<generation>`` (re-published at every reconcile until the catalog has it);
 3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
@@ -17,7 +17,6 @@ by the same or a new operator, repeats what is missing and nothing twice):
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from lifeline.api.manifests import LABEL_GENERATION, PodConfig, job_secret, pod_name, secret_name
+from lifeline.api.manifests import LABEL_GENERATION, PodConfig, pod_name
 from lifeline.api.recovery import RecoveryPlan
 from lifeline.api.trainingjob import (
     GROUP,
@@ -42,6 +41,7 @@ from lifeline.api.trainingjob import (
 )
 from lifeline.catalog import Catalog
 from lifeline.operator import events, metrics
+from lifeline.operator.access import ensure_network_policy, ensure_redis_user, ensure_secret
 from lifeline.operator.capacity import pod_requests
 from lifeline.operator.decide import Reconcile, decide
 from lifeline.operator.observe import Observation, observe
@@ -93,34 +93,15 @@ class Env:
         )
 
     def catalog(self, job: str, world_size: int) -> Catalog:
-        """The job's :class:`lifeline.catalog.Catalog`."""
-        return Catalog(self.settings.redis_url, job, world_size)
+        """The job's :class:`lifeline.catalog.Catalog` over the operator's own (admin) connection."""
+        return Catalog(self.settings.redis_url, job, world_size, username="",
+                       password=self.settings.redis_password.get_secret_value())
 
     def last_seen(self, namespace: str, name: str) -> dict[tuple[int, str], float]:
         """Soft memory of one job: ``(rank, pod UID) -> when its sidecar was last seen registered``.
         Lost when the operator restarts, which only makes a silent sidecar wait out its startup grace."""
         with self._guard:
             return self._seen.setdefault(f"{namespace}/{name}", {})
-
-
-def _ensure_secret(env: Env, job: TrainingJob) -> None:
-    ns, name = job.namespace, secret_name(job.name)
-    try:
-        env.core.read_namespaced_secret(name, ns)
-        return
-    except ApiException as err:
-        if err.status != 404:
-            raise
-    s = env.settings
-    body = job_secret(job, hmac_key=secrets.token_hex(32), s3_access_key=s.s3_access_key,
-                      s3_secret_key=s.s3_secret_key.get_secret_value())
-    try:
-        env.core.create_namespaced_secret(ns, body)
-    except ApiException as err:
-        if err.status != 409:  # created meanwhile: keep the first key
-            raise
-        return
-    events.record(_job_ref(job), "SecretCreated", f"created Secret {name} with a new HMAC key for peer transfers")
 
 
 def _rank_pod_requests(env: Env, body: Mapping[str, Any], job: TrainingJob) -> dict[str, Any] | None:
@@ -141,6 +122,12 @@ def _rank_pod_requests(env: Env, body: Mapping[str, Any], job: TrainingJob) -> d
                            field="spec.template.spec.containers[].resources") from err
 
 
+def _capacity_namespaces(s: OperatorSettings) -> list[str] | None:
+    """Whose pods count against node capacity: every namespace (``None``) when cluster-wide pod
+    listing is opted into or the operator watches every namespace; else the watched ones."""
+    return None if s.list_pods_cluster_wide or not s.namespaces else list(s.namespaces)
+
+
 def _job_ref(job: TrainingJob) -> dict[str, Any]:
     """A minimal object reference body for events."""
     return {"apiVersion": job.api_version, "kind": job.kind, "metadata": job.metadata}
@@ -152,7 +139,8 @@ def forget_job(env: Env, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
     catalog = env.catalog(meta["name"], 1)
     try:
-        catalog.forget(meta.get("uid", ""))
+        if catalog.forget(meta.get("uid", "")) and env.settings.redis_job_users:
+            catalog.revoke_job_user()
     finally:
         catalog.close()
     with env._guard:
@@ -275,13 +263,17 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
     meta = job.metadata
     recorded = Recorded.from_annotations(meta.get("annotations"))
     world = (recorded.plan.layout if recorded.plan else job.spec.layout).world_size
-    _ensure_secret(env, job)
+    secret = ensure_secret(env, job)
+    ensure_network_policy(env, job)
     catalog = env.catalog(job.name or "", world)
     try:
         catalog.own(meta["uid"])
+        if env.settings.redis_job_users:
+            ensure_redis_user(catalog, secret)
         persist = job.spec.checkpoint.persist
         obs = observe(env.core, catalog, namespace=job.namespace or "", job=job.name or "", world_size=world,
                       cool_downs=recorded.cool_downs, pod_requests=_rank_pod_requests(env, body, job),
+                      capacity_namespaces=_capacity_namespaces(env.settings),
                       persist_every=persist.every if persist else 0)
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)

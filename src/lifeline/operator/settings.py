@@ -28,6 +28,14 @@ class OperatorSettings(BaseSettings):
       (one image serves every role).
     * ``POD_SERVICE_ACCOUNT`` — ServiceAccount of training pods unless the template sets one.
     * ``REDIS_URL`` — the catalog (``redis://host:port/db``); handed to every pod. Required.
+    * ``REDIS_PASSWORD`` — password of the Redis default user (the chart feeds it from a Secret);
+      empty: no AUTH.
+    * ``REDIS_JOB_USERS`` — create one Redis ACL user per job, allowed only the job's keys
+      (:func:`lifeline.catalog.grant_job_user`); its password goes into the job's Secret. Off: the
+      job's Secret gets ``REDIS_PASSWORD`` itself. Default false.
+    * ``LIST_PODS_CLUSTER_WIDE`` — node capacity (elastic reshards) counts the pods of every
+      namespace (needs the chart's opt-in ClusterRole rule); false: only the watched namespaces'
+      pods (every namespace when ``NAMESPACES`` is empty). Default false.
     * ``S3_ENDPOINT`` (``host:port``), ``S3_ACCESS_KEY``, ``S3_SECRET_KEY``, ``S3_SECURE`` — object
       storage for L2; the keys are copied into each job's Secret, never into a pod spec.
     * ``RESYNC_SECONDS`` — period of the timer comparing pods/nodes/catalog with the spec. Default 3.
@@ -47,6 +55,9 @@ class OperatorSettings(BaseSettings):
     sidecar_image: str = ""
     pod_service_account: str = ""
     redis_url: str = Field(min_length=1)
+    redis_password: SecretStr = SecretStr("")
+    redis_job_users: bool = False
+    list_pods_cluster_wide: bool = False
     s3_endpoint: str = ""
     s3_access_key: str = ""
     s3_secret_key: SecretStr = SecretStr("")

@@ -265,7 +265,8 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
     layout = _layout(settings)
     catalog = None
     if settings.redis_url:
-        catalog = Catalog(settings.redis_url, settings.job, settings.world_size)
+        catalog = Catalog(settings.redis_url, settings.job, settings.world_size, username=settings.redis_username,
+                          password=settings.redis_password.get_secret_value())
     elif settings.world_size > 1:
         raise ConfigError("LIFELINE_REDIS_URL is required when LIFELINE_WORLD_SIZE > 1 (the rendezvous goes "
                           "through the catalog)", field="redis_url")

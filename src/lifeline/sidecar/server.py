@@ -66,7 +66,8 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.stopping = threading.Event()
         self.memory = Memory(settings, self.stopping, self._on_evict)
-        self.catalog = Catalog(settings.redis_url, self.job, settings.world_size)
+        self.catalog = Catalog(settings.redis_url, self.job, settings.world_size, username=settings.redis_username,
+                               password=settings.redis_password.get_secret_value())
         self.link = CatalogLink(self.catalog, self.metrics, self.memory.store, rank=self.rank,
                                 required_tier=settings.required_tier)
         self.peers = Peers(settings, self.catalog, self.secret,
