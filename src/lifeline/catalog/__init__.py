@@ -6,7 +6,7 @@
   Redis ACL user (:meth:`Catalog.grant_job_user`, :func:`job_user`).
 * :class:`CatalogView` - what a runner reads each round (:meth:`Catalog.view`).
 * the documents: :class:`SidecarRegistration`, :class:`ProgressReport`,
-  :class:`CorruptionReport`, :class:`LogCoverage` (recovery plans are
+  :class:`CorruptionReport`, :class:`LogCoverage`, :class:`PersistedWindows` (recovery plans are
   :class:`lifeline.api.recovery.RecoveryPlan`).
 
 The key names are in :mod:`lifeline.catalog._keys`; nothing outside this part spells one.
@@ -23,10 +23,5 @@ from lifeline.catalog.documents import (
     SidecarRegistration,
 )
 
-<<<<<<< HEAD
 __all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "PersistedWindows",
-           "ProgressReport", "SidecarRegistration"]
-=======
-__all__ = ["Catalog", "CatalogView", "CorruptionReport", "Keys", "LogCoverage", "ProgressReport",
-           "SidecarRegistration", "job_user"]
->>>>>>> wt-priv
+           "ProgressReport", "SidecarRegistration", "job_user"]
