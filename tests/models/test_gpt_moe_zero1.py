@@ -99,3 +99,24 @@ def test_zero1_checkpoint_reloads_in_other_data_degrees(pair):
         assert again.keys() == full.keys()
         for k in full:
             assert torch.equal(full[k], again[k]), (target.to_dict(), k)
+
+
+def test_zero1_rules_store_the_moments_as_partitions_of_their_parameter():
+    rules = pattern_rules(ZCFG)
+    assert rules.match("optim.exp_avg.layers.0.attn.qkv.weight") == Zero1("layers.0.attn.qkv.weight")
+    assert rules.match("optim.exp_avg_sq.embed.weight") == Zero1("embed.weight")
+    assert rules.match("layers.0.attn.qkv.weight") == pattern_rules(CFG).match("layers.0.attn.qkv.weight")
+    assert rules.match("optim.step.embed.weight") == pattern_rules(CFG).match("optim.step.embed.weight")
+
+
+def test_zero1_in_one_process_is_the_plain_optimizer_and_unconnected_data_ranks_are_named():
+    from lifeline.errors import ConfigError
+
+    plain, zero = GPTMoESpec(CFG).build(Layout(), 0), GPTMoESpec(ZCFG).build(Layout(), 0)
+    assert [plain.train_step().loss for _ in range(2)] == [zero.train_step().loss for _ in range(2)]
+    for (k, a), b in zip(plain.model.named_parameters(), zero.model.parameters()):
+        assert torch.equal(a, b), k
+    unconnected = GPTMoESpec(ZCFG).build(Layout(data=2), 0)  # never connect()ed: no data group
+    with pytest.raises(ConfigError) as err:
+        unconnected.train_step()
+    assert err.value.field == "zero1" and "connect()" in err.value.message
