@@ -105,6 +105,30 @@ def test_a_spare_becomes_the_assigned_python_command_with_its_env_log_and_exit_c
     assert lines[1] == {"x": "rank-env", "inherited": None, "argv": ["a", "b"], "json_loaded": True}
 
 
+def test_a_spare_assigned_while_still_importing_runs_the_assignment(tmp_path):
+    """The launcher closes its end of the spare's stdout on assignment; a spare still importing
+    then writes its ready line into a closed pipe and must go on (it used to die of
+    BrokenPipeError, exit 1: a second recovery for nothing)."""
+    import os
+    import sys
+
+    from lifeline.launch.env import ProcessSpec
+    from lifeline.launch.spares import Spare
+
+    script = tmp_path / "container.py"
+    script.write_text("import sys\nprint('assigned ran')\nsys.exit(0)\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}
+    spare = Spare.start("node-0", "trainer", base, tmp_path / "spare.log", modules=["torch"])
+    try:
+        assert not spare.ready()  # importing torch takes seconds: the assignment comes first
+        proc = spare.assign(ProcessSpec((sys.executable, str(script)), base), tmp_path / "trainer.log")
+        assert proc.wait(timeout=120) == 0, (tmp_path / "spare.log").read_text()[-2000:]
+    finally:
+        spare.stop()
+    assert "assigned ran" in (tmp_path / "trainer.log").read_text()
+    assert "spare_ready" not in (tmp_path / "trainer.log").read_text()
+
+
 def test_a_spare_runs_python_modules_in_process_and_execs_other_commands(tmp_path):
     import os
     import sys

@@ -12,7 +12,9 @@ It then becomes that container: stdout and stderr are appended to ``log``, stdin
 would get, so the ``LIFELINE_*`` contract is unchanged) and ``argv`` runs in this interpreter
 (``python -m MODULE ...`` through :func:`runpy.run_module`, ``python FILE ...`` through
 :func:`runpy.run_path`); any other command is ``exec``'d as it is. EOF on stdin (the launcher
-went away) exits 0.
+went away) exits 0. A spare assigned while still importing (the pool hands out a warming one
+when no ready one exists) finds the launcher's end of stdout closed: it skips the ``ready``
+line and takes the assignment.
 
 No fork happens after torch is imported and no thread pool or process group is created before
 the assignment, so the process is in the state a fresh one would be in after its imports.
@@ -77,8 +79,11 @@ def _run(argv: list[str], env: dict[str, str]) -> None:
 def main(modules: list[str]) -> None:
     """Preload ``modules``, report ``ready``, wait for the assignment and run it (see the module docstring)."""
     seconds = _preload(modules)
-    sys.stdout.write(json.dumps({"event": "spare_ready", "pid": os.getpid(), "seconds": round(seconds, 3)}) + "\n")
-    sys.stdout.flush()
+    ready = json.dumps({"event": "spare_ready", "pid": os.getpid(), "seconds": round(seconds, 3)}) + "\n"
+    try:  # unbuffered: nothing of it may linger in sys.stdout's buffer for the container's log
+        os.write(1, ready.encode())
+    except BrokenPipeError:
+        pass  # assigned while still importing: the launcher closed its end; the assignment is on stdin
     line = sys.stdin.readline()
     if not line.strip():
         sys.exit(0)

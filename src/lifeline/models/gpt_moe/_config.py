@@ -42,6 +42,10 @@ class GPTMoEConfig:
     * ``warmup_steps``, ``decay_steps``, ``min_lr_ratio`` — linear warm-up to ``lr``, then cosine
       decay to ``lr * min_lr_ratio`` at ``decay_steps`` (steps).
     * ``grad_clip`` — global gradient-norm clipping across every rank (0: off).
+    * ``zero1`` — ZeRO-1 (Rajbhandari et al. 2020, §5.1 ``P_os``): each data-parallel rank keeps
+      and updates the AdamW moments of its partition of every parameter only, then the
+      parameters are all-gathered (bit-identical to ``False``; checkpoints store the moments with
+      the ``Zero1`` pattern and reshard to any layout, with or without ZeRO-1).
     * ``seed`` — parameter initialisation (per tensor, layout-independent), data order, RNG per rank.
     """
 
@@ -68,6 +72,7 @@ class GPTMoEConfig:
     decay_steps: int = 200
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+    zero1: bool = False
     init_std: float = 0.02
     seed: int = 1234
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lifeline.checkpoint import Expert, Padded, PatternRules, Replicated, Sharded, SubParams
+from lifeline.checkpoint import Expert, Padded, PatternRules, Replicated, Sharded, SubParams, Zero1
 from lifeline.models.gpt_moe._config import GPTMoEConfig
 
 __all__ = ["pattern_rules", "OPTIM_KEYS"]
@@ -21,11 +21,14 @@ def pattern_rules(cfg: GPTMoEConfig) -> PatternRules:
     SwiGLU output projections are row-parallel ``Sharded(1)``, vocabularies are ``Padded`` (padding
     rows never stored), experts are ``Expert(layer, index)`` (whole, owned by one expert rank),
     norms, router and learned positions are ``Replicated``. The per-parameter AdamW ``step`` is a
-    replicated scalar. There is no default: a tensor without a rule is a ``LayoutError``.
+    replicated scalar. With ``cfg.zero1`` the moments are ``Zero1(<param fqn>)`` instead: data rank
+    ``d`` stores partition ``d`` of the flattened (tensor-parallel local) moment, 1-D.
+    There is no default: a tensor without a rule is a ``LayoutError``.
     """
     d, h, v = cfg.d_model, cfg.d_expert, cfg.vocab_size
+    zero1 = [("re:optim\\.(?:exp_avg|exp_avg_sq)\\.(.+)", Zero1(r"\1"))] if cfg.zero1 else []
     return PatternRules(
-        [
+        zero1 + [
             (f"re:{_OPT}embed\\.weight", Padded(0, v)),
             (f"re:{_OPT}lm_head\\.weight", Padded(0, v)),
             (f"re:{_OPT}pos_embed\\.weight", Replicated()),

@@ -20,7 +20,8 @@ RNG_KEY = "rng.torch"
 
 
 def state(model: nn.Module, optimizer: torch.optim.Optimizer, data: StdlibLoader,
-          rng: torch.Generator | None = None) -> dict[str, Tensor | bytes]:
+          rng: torch.Generator | None = None, opt_params: Mapping[str, Tensor] | None = None
+          ) -> dict[str, Tensor | bytes]:
     """This rank's checkpoint state, fqn-keyed, in a stable order.
 
     * ``<param fqn>`` — the parameter (float32, CPU, contiguous; a detached view, no copy);
@@ -36,10 +37,11 @@ def state(model: nn.Module, optimizer: torch.optim.Optimizer, data: StdlibLoader
     for fqn, p in params.items():
         out[fqn] = p.detach()
     for fqn, p in params.items():
-        st = optimizer.state.get(p, {})
+        q = opt_params[fqn] if opt_params is not None else p
+        st = optimizer.state.get(q, {})
         for key in OPTIM_KEYS:
             t = st.get(key)
-            out[f"optim.{key}.{fqn}"] = t if t is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+            out[f"optim.{key}.{fqn}"] = t if t is not None else torch.zeros_like(q, memory_format=torch.contiguous_format)
         step = st.get("step")
         out[f"optim.step.{fqn}"] = step if step is not None else torch.zeros((), dtype=torch.float32)
     out[DATA_KEY] = data.state()
@@ -50,8 +52,10 @@ def state(model: nn.Module, optimizer: torch.optim.Optimizer, data: StdlibLoader
 
 @torch.no_grad()
 def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, data: StdlibLoader,
-               values: Mapping[str, Tensor | bytes], rng: torch.Generator | None = None) -> None:
-    """Inverse of :func:`state`: copy parameters, AdamW state, data position and RNG state in.
+               values: Mapping[str, Tensor | bytes], rng: torch.Generator | None = None,
+               opt_params: Mapping[str, Tensor] | None = None) -> None:
+    """Inverse of :func:`state` (the same ``opt_params``): copy parameters, AdamW state, data
+    position and RNG state in.
 
     Raises:
         CheckpointError: an entry is missing (``key`` names it) or has the wrong shape.
@@ -66,9 +70,14 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, data: StdlibL
         if tuple(src.shape) != tuple(p.shape):
             raise CheckpointError(f"shape {list(src.shape)} != parameter shape {list(p.shape)}", key=fqn)
         p.copy_(src)
+        q = opt_params[fqn] if opt_params is not None else p
         st = {key: get(f"optim.{key}.{fqn}").clone().contiguous() for key in OPTIM_KEYS}
+        for key, t in st.items():
+            if tuple(t.shape) != tuple(q.shape):
+                raise CheckpointError(f"shape {list(t.shape)} != optimizer tensor shape {list(q.shape)}",
+                                      key=f"optim.{key}.{fqn}")
         st["step"] = get(f"optim.step.{fqn}").clone().to(torch.float32)
-        optimizer.state[p] = st
+        optimizer.state[q] = st
     data.load_state(get(DATA_KEY))
     rng_bytes = bytes(get(RNG_KEY))
     rng_state = torch.frombuffer(bytearray(rng_bytes), dtype=torch.uint8).clone()

@@ -24,6 +24,7 @@ from lifeline.models.gpt_moe._patterns import pattern_rules
 from lifeline.models.gpt_moe._schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
 from lifeline.models.gpt_moe._stage import GPTMoEStage
 from lifeline.models.gpt_moe._state import load_state, state
+from lifeline.models.gpt_moe._zero import Zero1AdamW
 
 __all__ = ["GPTMoETrainer", "StepResult", "StageLog", "ReplaySource", "deterministic_cpu"]
 
@@ -96,6 +97,11 @@ class GPTMoETrainer:
       the same coefficient; then AdamW (``foreach=False``) at :func:`lr_at` of the step (warm-up
       then cosine). The step count is the data loader's position.
 
+    * ZeRO-1 (``cfg.zero1``, Rajbhandari et al. 2020, §5.1): AdamW keeps and updates this data
+      rank's partition of every parameter's moments only, then the parameters are all-gathered over
+      the ``D`` ranks differing in the data coordinate (:class:`~lifeline.models.gpt_moe._zero.Zero1AdamW`);
+      bit-identical to ``zero1=False``.
+
     Call :meth:`connect` after every (re)initialisation of the default process group (it builds
     the data-parallel groups, a collective every rank must join); single-process runs
     (world size 1) need no process group at all.
@@ -116,8 +122,10 @@ class GPTMoETrainer:
         t0, e0 = self.coords.tensor == 0, self.coords.expert == 0
         self._counted = [p for (_, p), pat in zip(named, patterns)
                          if (t0 if isinstance(pat, Expert) else (t0 and e0) if isinstance(pat, Replicated) else e0)]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                           weight_decay=cfg.weight_decay, foreach=False)
+        adamw = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        self.zero: Zero1AdamW | None = Zero1AdamW(named, layout, self.coords, **adamw) if cfg.zero1 else None
+        self.optimizer = self.zero.optimizer if self.zero is not None else \
+            torch.optim.AdamW(self.params, foreach=False, **adamw)
         for p in self.params:
             p.grad = torch.zeros_like(p)
         self.loader = StdlibLoader(stdlib_corpus(cfg.corpus_bytes), cfg.seq_len,
@@ -163,6 +171,8 @@ class GPTMoETrainer:
             return
         self.groups = build_groups(self.layout, self.coords, timeout)
         self.par.tensor_group, self.par.expert_group = self.groups.tensor, self.groups.expert
+        if self.zero is not None:  # the ranks differing only in the data coordinate
+            self.zero.group = self.groups.expert_data if self.layout.expert > 1 else self.groups.dense
 
     def disconnect(self) -> None:
         """Drop this generation's groups (tensor, expert, data-parallel) so their gloo sockets close
@@ -174,6 +184,8 @@ class GPTMoETrainer:
         """
         self.groups = Groups()
         self.par.tensor_group = self.par.expert_group = None
+        if self.zero is not None:
+            self.zero.group = None
         self._distributed = False
 
     def train_step(self) -> StepResult:
@@ -206,7 +218,7 @@ class GPTMoETrainer:
     def abandon_step(self) -> None:
         """Drop the partial work of an interrupted step (gradients zeroed); the state stays that of
         the last completed step. A survivor of a localized recovery calls it instead of restoring."""
-        self.optimizer.zero_grad(set_to_none=False)
+        self._zero_grad()
 
     def expert_counts(self) -> dict[int, Tensor]:
         """Routing assignments of the last step per MoE layer of this stage: global layer index →
@@ -286,8 +298,8 @@ class GPTMoETrainer:
             self.before_update()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(cfg, it)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        (self.zero or self.optimizer).step()
+        self._zero_grad()
         self.loader.position += 1
         tokens = cfg.tokens_per_step * self.layout.data * self.layout.expert
         return StepResult(self.step, loss if self.next is None else None, aux_total / m_count, tokens,
@@ -330,15 +342,23 @@ class GPTMoETrainer:
 
     def state(self) -> dict[str, Tensor | bytes]:
         """This rank's checkpoint state (see :func:`lifeline.models.gpt_moe.state`)."""
-        return state(self.model, self.optimizer, self.loader, self.rng)
+        return state(self.model, self.optimizer, self.loader, self.rng, self._opt_params())
 
     def load_state(self, values: Mapping[str, Tensor | bytes]) -> None:
         """Restore parameters, AdamW state, data position and RNG from a checkpoint state.
 
         Gradients are zeroed: a step interrupted by a failure may have accumulated part of them.
         """
-        load_state(self.model, self.optimizer, self.loader, values, self.rng)
-        self.optimizer.zero_grad(set_to_none=False)
+        load_state(self.model, self.optimizer, self.loader, values, self.rng, self._opt_params())
+        self._zero_grad()
+
+    def _opt_params(self) -> dict[str, Tensor] | None:
+        """fqn -> the tensor AdamW updates (the ZeRO-1 partition views; ``None``: the parameters)."""
+        return self.zero.shards if self.zero is not None else None
+
+    def _zero_grad(self) -> None:
+        """Zero every full gradient (with ZeRO-1 the optimizer's gradients are partitions of them)."""
+        (self.zero or self.optimizer).zero_grad(set_to_none=False)
 
 
 def _all_reduce_mean(params: list[torch.nn.Parameter], loss: Tensor | None, group, replicas: int) -> float:
