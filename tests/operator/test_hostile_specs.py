@@ -30,7 +30,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections import Counter
@@ -43,6 +42,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from lifeline._poll import wait_for
 from lifeline.api.crd import CRD_NAME, CRD_PATH
 from lifeline.api.trainingjob import GROUP, PLURAL, VERSION
 
@@ -68,15 +68,8 @@ PRIORITY_BY_HAND = [("replace", ("template", "spec", "priority"), 60)]  # an adm
 
 
 def _await(what: str, fn, timeout: float = OUTCOME_TIMEOUT, interval: float = 0.1):
-    """Poll ``fn`` until it returns a truthy value; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    """Await ``fn`` returning a truthy value (:func:`lifeline._poll.wait_for`, the shared loop)."""
+    return wait_for(fn, timeout, what, interval)
 
 
 def _free_port() -> int:

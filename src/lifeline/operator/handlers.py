@@ -18,7 +18,6 @@ from typing import Any
 
 import kopf
 import kubernetes
-from kubernetes.client.exceptions import ApiException
 
 from lifeline.api.trainingjob import GROUP, PLURAL, VERSION
 from lifeline.errors import CatalogError, LifelineError
@@ -48,12 +47,7 @@ def _run(memo: Any, body: Any) -> None:
     ns, name = meta.get("namespace") or "", meta.get("name") or ""
     try:
         reconcile(env, body)
-    except InvalidSpec as err:
-        try:
-            env.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": err.status})
-        except ApiException as patch_err:
-            if patch_err.status != 404:  # deleted meanwhile: nothing to mark
-                raise
+    except InvalidSpec as err:  # reconcile marked the job Failed (under the job's lock)
         events.record(body, REASON_INVALID_SPEC, err.message)
         metrics.RECONCILE_ERRORS.labels("InvalidSpec").inc()
         metrics.RECONCILES.labels(ns, name, "invalid_spec").inc()

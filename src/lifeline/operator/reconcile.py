@@ -47,7 +47,7 @@ from lifeline.operator.decide import Reconcile, decide
 from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
-from lifeline.operator.spec import build_pod, invalid_spec, parse_job, pod_refused, refuses_the_pod
+from lifeline.operator.spec import InvalidSpec, build_pod, invalid_spec, parse_job, pod_refused, refuses_the_pod
 from lifeline.operator.status import known_status, next_status
 
 __all__ = ["Env", "reconcile", "forget_job"]
@@ -210,7 +210,8 @@ def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) ->
     the decision (``None`` when the job is gone or finished: Succeeded or Failed jobs are left alone).
 
     Raises:
-        lifeline.operator.spec.InvalidSpec: the spec is invalid (the handler marks it Failed).
+        lifeline.operator.spec.InvalidSpec: the spec is invalid; the job's status is already
+            marked Failed with the reason (the handler records the event).
         kubernetes.client.ApiException, lifeline.errors.CatalogError: transient API or Redis
             failures (the handler retries with back-off).
     """
@@ -224,7 +225,18 @@ def reconcile(env: Env, body: Mapping[str, Any], *, now: float | None = None) ->
             if err.status == 404:
                 return None  # deleted meanwhile
             raise
-        return _reconcile(env, body, now=now)
+        try:
+            return _reconcile(env, body, now=now)
+        except InvalidSpec as err:
+            # marked Failed under the job's lock: a timer tick waiting on it then reads Failed and
+            # leaves the job alone instead of failing it a second time
+            try:
+                env.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name,
+                                                                 {"status": err.status})
+            except ApiException as patch_err:
+                if patch_err.status != 404:  # deleted meanwhile: nothing to mark
+                    raise
+            raise
 
 
 def _status(raw: Mapping[str, Any], job: TrainingJob) -> TrainingJobStatus:
