@@ -87,6 +87,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
      {"j.yaml": J(spec__checkpoint__persist__uri="s3://bucket/ckpt")}, ["LIFELINE_S3_ACCESS_KEY"], {}),
     ("timeout-zero", ["run", "j.yaml", "--timeout", "0"], {"j.yaml": GOOD}, ["--timeout"], {}),
     ("timeout-negative", ["run", "j.yaml", "--timeout", "-5"], {"j.yaml": GOOD}, ["--timeout"], {}),
+    ("node-return-zero", ["run", "j.yaml", "--node-return-seconds", "0"], {"j.yaml": GOOD}, ["--node-return-seconds"],
+     {}),
     ("slot-mib-zero", ["run", "j.yaml", "--slot-mib", "0"], {"j.yaml": GOOD}, ["--slot-mib"], {}),
     ("spare-nodes-negative", ["run", "j.yaml", "--spare-nodes", "-1"], {"j.yaml": GOOD}, ["--spare-nodes"], {}),
     # --- one at a time, hidden, unhelpful

@@ -222,10 +222,14 @@ def test_reshard_reads_byte_ranges_from_peer_memory(make_settings, sidecars, red
         wait_for(lambda: cat.latest_complete_step() == 5, what="step 5 complete")
     a.stop()  # rank 0's node is gone: its blob is only in rank 1's memory now
     manifest = manifest_from_catalog(cat, 5)
-    reader = SidecarBlobReader(cat, secret=SECRET.encode(), job=job)
     into = {"w": torch.zeros(64, 8), "b": torch.zeros(8)}
-    load_shard(manifest, reader, Layout(), 0, rules, into)
+    with SidecarBlobReader(cat, secret=SECRET.encode(), job=job, local=0) as reader:
+        report = load_shard(manifest, reader, Layout(), 0, rules, into)
     assert torch.equal(into["w"], full_w) and torch.equal(into["b"], bias)
+    # every byte came from rank 1's memory: its own blob (L0) and its replica of rank 0's (L1)
+    assert reader.bytes_by_tier["L2"] == 0
+    assert reader.bytes_by_tier["L0"] > 0 and reader.bytes_by_tier["L1"] > 0
+    assert sum(reader.bytes_by_tier.values()) == report.read_bytes
     cat.close()
 
 
