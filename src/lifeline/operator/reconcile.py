@@ -347,7 +347,8 @@ def _record_of(plan: RecoveryPlan, now: float) -> RecoveryRecord:
     """The ``status.recoveries[]`` record of a committed plan, started at ``now``."""
     return RecoveryRecord(generation=plan.generation, kind=plan.action, ranks=list(plan.failed_ranks),
                           from_step=plan.restore_step, tier=plan.farthest_tier,
-                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000])
+                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000],
+                          layout=plan.layout if plan.action is RecoveryAction.RESHARD else None)
 
 
 def _close_recovery(status: TrainingJobStatus, generation: int, now: float) -> RecoveryRecord | None:
