@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifeline.catalog import Catalog
-from lifeline.checkpoint import Layout, PatternRules, list_steps, load, load_shard, plan_shard, storage_from_uri
+from lifeline.checkpoint import (Layout, PatternRules, list_steps, load, load_shard, plan_shard, read_manifest,
+                                 storage_from_uri)
 from lifeline.errors import CatalogError, CheckpointError, ChecksumError, ManifestError, StorageError
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
@@ -127,16 +128,17 @@ class SidecarCheckpointer:
 
     def restore(self, step: int | None = None, *, into: Mapping[str, Any]) -> dict[str, Any]:
         """Restore ``step`` (default: the latest complete one): from the nearest verified copy
-        (L0, L1, L2) through the sidecar when it was saved in this layout, else from L2 resharded.
+        (L0, L1, L2) through the sidecar when the catalog knows it in this layout; else resharded (another
+        layout, or a job started again whose catalog is new) from the sidecars holding it or from L2.
 
         Raises:
             RecoveryError: no tier holds a verified copy.
             CheckpointError: saved in another layout and no ``LIFELINE_PERSIST_URI`` to reshard from.
         """
         out = dict(into)
-        saved = self.saved_layout(step)
+        saved, cataloged = self._saved(step)
         self.last_reshard = None
-        if saved is not None and saved != self.layout:
+        if saved is not None and (saved != self.layout or not cataloged):  # another layout, or a job started again
             self.last_reshard = self._reshard(step, saved, out)
             self.last_restore = None
             return out
@@ -150,17 +152,28 @@ class SidecarCheckpointer:
         self._plan = None
 
     def saved_layout(self, step: int | None) -> Layout | None:
-        """The layout checkpoint ``step`` was saved in (rank 0's shard metadata in the catalog), or
-        ``None`` when unknown (no step, no catalog, no metadata)."""
+        """The layout checkpoint ``step`` was saved in: rank 0's shard metadata in the catalog, else the
+        manifest in L2 (a job started again), else ``None`` (no step, no catalog, no copy)."""
+        return self._saved(step)[0]
+
+    def _saved(self, step: int | None) -> tuple[Layout | None, bool]:
+        """``(layout, in the catalog)`` of checkpoint ``step`` (see :meth:`saved_layout`)."""
         url = getattr(self.settings, "redis_url", "")
-        if step is None or not url:
-            return None
-        catalog = Catalog(url, self.settings.job, self.settings.world_size)
-        try:
-            raw = catalog.meta(step, 0)
-        finally:
-            catalog.close()
-        return None if raw is None else Layout.from_dict(json.loads(raw)["layout"])
+        if step is None:
+            return None, False
+        raw = None
+        if url:
+            catalog = Catalog(url, self.settings.job, self.settings.world_size)
+            try:
+                raw = catalog.meta(step, 0)
+            finally:
+                catalog.close()
+        if raw is not None:
+            return Layout.from_dict(json.loads(raw)["layout"]), True
+        l2 = self._l2()
+        if l2 is None or step not in list_steps(l2[0], l2[1], self.settings.job):
+            return None, False
+        return read_manifest(l2[0], l2[1], self.settings.job, step).layout, False
 
     def _l2(self) -> tuple[Any, str] | None:
         s = self.settings
@@ -221,6 +234,12 @@ class SidecarCheckpointer:
             catalog.close()
 
     def latest_step(self) -> int | None:
-        """The job's latest complete step, or ``None``."""
-        return self.client.latest_complete_step()
+        """The job's latest complete step: the catalog's, else (a job started again, its catalog new)
+        the latest checkpoint committed to L2, in whatever layout it was saved; ``None`` when neither."""
+        latest = self.client.latest_complete_step()
+        if latest is not None:
+            return latest
+        l2 = self._l2()
+        steps = list_steps(l2[0], l2[1], self.settings.job) if l2 is not None else []
+        return max(steps) if steps else None
 
