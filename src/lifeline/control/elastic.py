@@ -8,7 +8,8 @@ what it holds, so the new layout reads the restore step's byte ranges from the s
 
 * :func:`plan_shrink` — when the lost ranks cannot all be placed on healthy nodes (no room outside
   cool-down): the largest data degree the healthy nodes hold, at least ``minReplicas`` ranks,
-  restoring the latest step every shard of the old layout has a usable copy of in any tier.
+  restoring the latest step every shard of the old layout has a usable copy of in any tier (a
+  dropped pod standing on a node a new pod needs is evicted at once and serves nothing).
 * :func:`plan_grow` — when the job runs below the spec's size and the healthy, schedulable nodes
   outside cool-down have room for more replica groups: the largest data degree up to the spec's
   that fits, restoring the latest step every rank holds in memory. No failure starts it, so it
@@ -95,11 +96,29 @@ def _healthy(state: JobState, avoid: set[str]) -> list[NodeState]:
     return [n for n in state.cluster.nodes if n.ready and n.schedulable and n.name not in avoid]
 
 
+def _placement(state: JobState, new_world: int, lost: set[int], avoid: set[str]
+               ) -> tuple[dict[int, str | None], dict[int, str | None], set[int]]:
+    """Where the new layout's pods go: ``(kept, placed, evicted)``. Ranks below ``new_world`` that
+    survived keep their pods; the others are placed on nodes with room, nodes holding no dropped
+    pod first; a dropped pod on a node a new pod then needs is ``evicted`` (deleted at once, so its
+    sidecar cannot serve the restore step: real nodes have no room for both)."""
+    kept = {r: state.node_of_rank[r] for r in range(min(new_world, state.world_size)) if r not in lost}
+    dropped = {r: state.node_of_rank[r] for r in range(new_world, state.world_size) if r not in lost}
+    wanted = sorted(set(range(new_world)) - set(kept))
+    placed = place(wanted, {**kept, **dropped}, state, avoid)
+    rest = [r for r in wanted if placed[r] is None]
+    evicted: set[int] = set()
+    if rest:
+        placed.update(place(rest, {**kept, **{r: n for r, n in placed.items() if n is not None}}, state, avoid))
+        needed = {placed[r] for r in rest if placed[r] is not None}
+        evicted = {r for r, node in dropped.items() if node in needed}
+    return kept, placed, evicted
+
+
 def _resharded(state: JobState, layout: LayoutSpec, step: int, sources: dict[int, RestoreSource],
-               kept: dict[int, str | None], avoid: set[str], *, generation: int, restarts: int,
+               kept: dict[int, str | None], placed: dict[int, str | None], *, generation: int, restarts: int,
                cool_downs: tuple[tuple[str, float], ...], failures: tuple[Failure, ...], reason: str) -> RecoveryPlan:
     new_world = layout.world_size
-    placed = place(sorted(set(range(new_world)) - set(kept)), kept, state, avoid)
     return RecoveryPlan(
         action=RecoveryAction.RESHARD,
         generation=generation,
@@ -142,13 +161,14 @@ def plan_shrink(state: JobState, spec: TrainingJobSpec, lost: set[int], avoid: s
     if data < 1 or data * per_group < spec.recovery.elastic.min_replicas:
         return None
     new_layout = layout.model_copy(update={"data": data})
-    step, sources = latest_covered(tuple(range(state.world_size)), usable_holdings(state, lost), TIERS, state.step)
+    kept, placed, evicted = _placement(state, new_layout.world_size, lost, avoid)
+    step, sources = latest_covered(tuple(range(state.world_size)), usable_holdings(state, lost | evicted), TIERS,
+                                   state.step)
     if step is None:
         return None
-    kept = {r: state.node_of_rank[r] for r in range(new_layout.world_size) if r not in lost}
     memory = sum(s.tier != "L2" for s in sources.values())
     return _resharded(
-        state, new_layout, step, sources, kept, avoid, generation=generation, restarts=restarts,
+        state, new_layout, step, sources, kept, placed, generation=generation, restarts=restarts,
         cool_downs=cool_downs, failures=failures,
         reason=(f"{what}; only {slots} pod slots on healthy nodes for world size {state.world_size}: resharding to "
                 f"data degree {data} (world size {new_layout.world_size}, spec.recovery.elastic.minReplicas "
@@ -188,9 +208,9 @@ def plan_grow(state: JobState, spec: TrainingJobSpec, *, now: float) -> Recovery
     if step is None:
         return None
     new_layout = layout.model_copy(update={"data": data})
-    kept = {r: state.node_of_rank[r] for r in range(state.world_size)}
+    kept, placed, _ = _placement(state, new_layout.world_size, set(), avoid)
     return _resharded(
-        state, new_layout, step, sources, kept, avoid, generation=state.generation + 1, restarts=state.restarts,
+        state, new_layout, step, sources, kept, placed, generation=state.generation + 1, restarts=state.restarts,
         cool_downs=tuple(sorted(state.cluster.cooling(now).items())), failures=(),
         reason=(f"room for {free} more pods on healthy nodes: growing from data degree {layout.data} to {data} "
                 f"(world size {state.world_size} -> {new_layout.world_size}, the spec's is {target.world_size}) at "
