@@ -106,3 +106,23 @@ def test_the_engine_grows_a_running_job_once_room_returns():
     # never in the middle of a recovery (the current generation has not trained yet)
     recovering = Record(phase="Recovering", generation=2, restarts=1, plan=record.plan)
     assert decide(spec, recovering, _observed(_nodes(0, 1, 2, 3), generation=1), now=NOW).plan is None
+
+
+def test_a_failure_before_the_new_layout_has_a_step_restores_the_reshard_step_again():
+    """Right after a grow, the new ranks hold nothing yet: instead of giving up, every rank restores the
+    step the reshard restored, resharded again."""
+    from lifeline.control import ContainerTerminated, classify, plan_recovery
+
+    spec = _spec()
+    big = spec.layout
+    nodes = ("n0", "n2", "n1", "n3")
+    state = JobState(layout=big, node_of_rank=nodes, cluster=ClusterState(_nodes(0, 1, 2, 3)), step=51,
+                     generation=3, restarts=1, holdings=_memory((50, 51), ("n0", "n2")) | frozenset(), resharded_from=51)
+    crash = classify([ContainerTerminated(0, "n0", "trainer", 2)], node_of_rank=nodes, hang_timeout_seconds=300)
+    plan = plan_recovery(state, crash, spec, now=NOW)
+    assert plan.action is RecoveryAction.ROLLBACK and plan.restore_step == 51 and plan.restore_ranks == (0, 1, 2, 3)
+    assert plan.layout == big and "restore step 51 again" in plan.reason
+    # without a reshard behind it, the same holdings are a give-up
+    bare = JobState(layout=big, node_of_rank=nodes, cluster=ClusterState(_nodes(0, 1, 2, 3)), step=51,
+                    generation=3, restarts=1, holdings=_memory((50, 51), ("n0", "n2")))
+    assert plan_recovery(bare, crash, spec, now=NOW).action is RecoveryAction.GIVE_UP

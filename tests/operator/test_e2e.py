@@ -51,12 +51,15 @@ def _story(dc, ns: str, job: str) -> str:
         meta = pod["metadata"]
         out.append(f"pod {meta['name']} node={pod['spec'].get('nodeName')} phase={pod['status'].get('phase')} "
                    f"gen={meta.get('labels', {}).get('lifeline.dev/generation')} deleting={bool(meta.get('deletionTimestamp'))}")
-        for c in pod["spec"]["containers"]:
+        for c, previous in ((c, p) for c in pod["spec"]["containers"] for p in (True, False)):
             try:
-                lines = Path(dc.log_path(meta["name"], c["name"], namespace=ns)).read_text(errors="replace").splitlines()
-            except (OSError, Exception):  # noqa: BLE001 - diagnostics only
+                path = Path(dc.log_path(meta["name"], c["name"], namespace=ns, previous=previous))
+                lines = [f"{'(previous) ' if previous else ''}{line}" for line in
+                         path.read_text(errors="replace").splitlines()]
+            except (OSError, Exception):  # noqa: BLE001 - diagnostics only (no previous run, no log)
                 continue
-            out += [f"    {c['name']}: {line[:300]}" for line in lines[-12:]]
+            errors = [line for line in lines[:-8] if "error" in line.lower() or "Traceback" in line][-10:]
+            out += [f"    {c['name']}: {line[:400]}" for line in errors + lines[-8:]]
     return "\n".join(out)
 
 

@@ -301,6 +301,8 @@ def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: 
         upstream_logs=facts.upstream_logs,
         stored_windows=facts.stored_windows,
         interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
+        resharded_from=record.plan.restore_step if record.plan is not None
+        and record.plan.action is RecoveryAction.RESHARD else None,
     )
 
 

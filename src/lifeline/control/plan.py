@@ -176,6 +176,11 @@ def plan_recovery(
         return plan(RecoveryAction.ROLLBACK, any_step, any_src, everyone,
                     f"memory tiers do not cover every rank; all ranks roll back to step {any_step}, the latest "
                     f"step every shard has a verified copy of (farthest tier {_farthest(any_src)})")
+    if state.resharded_from is not None:  # the new layout has no step of its own yet: reshard that one again
+        return plan(RecoveryAction.ROLLBACK, state.resharded_from, {}, everyone,
+                    f"no step of layout {state.layout.to_wire()} is covered yet; all ranks restore step "
+                    f"{state.resharded_from} again, resharded from the sidecars that still hold it or from L2, as "
+                    f"the elastic reshard that made this layout did")
     return give_up("no step has a verified copy of every shard in any tier (L0, L1, L2)")
 
 
