@@ -179,9 +179,9 @@ def _relayout(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoi
         raise RecoveryError(f"plan of generation {plan.generation} changes the layout to {ctx.layout.to_dict()}, "
                             f"but {type(checkpointer).__name__} cannot", job=ctx.job, rank=ctx.rank)
     relayout(ctx.layout, ctx.world_size)
-    start = time.perf_counter()
+    start, step = time.perf_counter(), trainer.step
     trainer = spec.build(ctx.layout, ctx.rank)
-    ctx.report("relayout", record=False, step=trainer.step, layout=ctx.layout.to_dict(), saved_layout=before.to_dict(),
+    ctx.report("relayout", record=False, step=step, layout=ctx.layout.to_dict(), saved_layout=before.to_dict(),
                build_seconds=round(time.perf_counter() - start, 4))
     return trainer
 
@@ -215,8 +215,8 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
             generation = ctx.rejoin(plan.generation)
             if generation != plan.generation:
                 newer = ctx.plan(generation)
-                if newer is not None and newer.layout != plan.layout:  # joined a world of the wrong size
-                    raise Superseded(generation)  # joined a world of the old size: wait for its plan and rejoin
+                if newer is not None and newer.layout != plan.layout:  # another reshard came while joining:
+                    raise Superseded(generation)  # wait for its plan, adopt its layout, join
                 plan = newer or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
