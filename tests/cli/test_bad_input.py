@@ -169,6 +169,9 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
     ("bench-crash-trials", ["bench", "crash", "--trials-s3", "-1"], {}, ["--trials-s3"], {}),
     ("bench-crash-no-trials", ["bench", "crash", "--trials", "0"], {}, ["--trials"], {}),
     ("bench-state-dir-file", ["bench", "recovery", "--state-dir", "f"], {"f": "x"}, ["--state-dir"], {}),
+    ("bench-reshard-gib", ["bench", "reshard", "--gib", "0"], {}, ["--gib"], {}),
+    ("bench-reshard-changes", ["bench", "reshard", "--changes", "4:4"], {}, ["--changes", "4:2,2:4"], {}),
+    ("bench-reshard-changes-text", ["bench", "reshard", "--changes", "four"], {}, ["--changes"], {}),
 ]
 
 
