@@ -29,6 +29,7 @@ class ReshardReport:
         needed_bytes: bytes this rank's new shard needed (the plan's byte ranges).
         bytes_by_tier: bytes read per tier ``{"L0", "L1", "L2"}`` (fallbacks included).
         fallbacks: one line per holder or chunk copy that failed and was replaced by the next.
+        local_bytes: of those, the bytes read in place from this pod's arena (shared memory).
     """
 
     step: int
@@ -36,11 +37,13 @@ class ReshardReport:
     needed_bytes: int
     bytes_by_tier: dict[str, int]
     fallbacks: list[str]
+    local_bytes: int = 0
 
     def fields(self) -> dict[str, Any]:
         """The report as fields of the trainer's ``restore`` event."""
         return {"source": "reshard", "saved_layout": self.saved.to_dict(), "needed_bytes": self.needed_bytes,
-                "bytes_by_tier": self.bytes_by_tier, "fallbacks": len(self.fallbacks)}
+                "bytes_by_tier": self.bytes_by_tier, "local_bytes": self.local_bytes,
+                "fallbacks": len(self.fallbacks)}
 
 
 class SidecarCheckpointer:
@@ -218,10 +221,10 @@ class SidecarCheckpointer:
             manifest = manifest_from_catalog(catalog, step, saved.world_size)
             storage, prefix = l2 if l2 is not None else (None, "")
             with SidecarBlobReader(catalog, secret=s.secret.get_secret_value().encode(), job=s.job, storage=storage,
-                                   prefix=prefix, source=s.pod_ip, local=self.rank) as reader:
+                                   prefix=prefix, source=s.pod_ip, local=self.rank, local_client=self.client) as reader:
                 report = load_shard(manifest, reader, self.layout, self.rank, self.rules, out)
             return ReshardReport(step, saved, report.needed_bytes, dict(reader.bytes_by_tier),
-                                 [*reader.fallbacks, *report.fallbacks])
+                                 [*reader.fallbacks, *report.fallbacks], reader.local_bytes)
         except (ManifestError, CatalogError):
             return None  # the step's metadata is gone from the catalog: L2 has the manifest
         except (ChecksumError, StorageError) as err:

@@ -26,7 +26,8 @@ from typing import Any
 
 from lifeline.catalog import Catalog
 from lifeline.checkpoint import Manifest, ShardMetadata, Storage, blob_key
-from lifeline.errors import CatalogError, ManifestError, PeerError, StorageError
+from lifeline.errors import CatalogError, LifelineError, ManifestError, PeerError, StorageError
+from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.peer import PeerClient
 
 __all__ = ["SidecarBlobReader", "manifest_from_catalog"]
@@ -62,9 +63,13 @@ class SidecarBlobReader:
     (:class:`~lifeline.checkpoint.SupportsReadInto`). Holders of a blob are tried in this order: the
     sidecar of rank ``local`` (the reading pod's own, when it holds the blob), the blob's own rank
     (its L0 copy), then its L1 peers by rank; a holder that cannot serve the range (gone, refused,
-    disconnected) is skipped, and storage serves it when none can. Connections are authenticated
-    with the job secret (:class:`~lifeline.sidecar.peer.PeerClient`) and kept for later reads (one
-    per thread in flight per holder). Thread-safe: the loader reads on several threads.
+    disconnected) is skipped, and storage serves it when none can. With ``local_client`` (the pod's
+    :class:`~lifeline.sidecar.client.SidecarClient`), a blob the pod's own sidecar keeps in an arena
+    slot is pinned once and read in place through the shared-memory arena (a memcpy; no socket, no
+    copy in the sidecar); others go over TCP. Peer connections are authenticated with the job secret
+    (:class:`~lifeline.sidecar.peer.PeerClient`) and kept for later reads (one per thread in flight
+    per holder). Thread-safe: the loader reads on several threads. Every byte served is unverified
+    here: the loader checks each chunk against the manifest and tries the next copy on a mismatch.
 
     Args:
         catalog: the job's catalog (holdings and sidecar registrations).
@@ -78,21 +83,26 @@ class SidecarBlobReader:
     Attributes:
         bytes_by_tier: bytes served per tier, ``{"L0", "L1", "L2"}`` (L0: the blob's own rank's
             sidecar; L1: another sidecar's replica; L2: storage).
+        local_bytes: of those, the bytes read in place from this pod's arena.
         fallbacks: one line per holder that failed a read (then the next one was tried).
 
     ``read`` / ``read_into`` raise :class:`StorageError` when no holder and no storage can serve the range.
     """
 
     def __init__(self, catalog: Catalog, *, secret: bytes, job: str, storage: Storage | None = None, prefix: str = "",
-                 source: str | None = None, local: int | None = None, timeout: float = 30.0) -> None:
+                 source: str | None = None, local: int | None = None, local_client: SidecarClient | None = None,
+                 timeout: float = 30.0) -> None:
         self.catalog, self.secret, self.job = catalog, secret, job
         self.storage, self.prefix, self.source, self.local, self.timeout = storage, prefix, source, local, timeout
+        self.local_client = local_client
         self.bytes_by_tier: dict[str, int] = {"L0": 0, "L1": 0, "L2": 0}
+        self.local_bytes = 0
         self.fallbacks: list[str] = []
         self._lock = threading.Lock()
         self._holders: dict[tuple[int, int], list[int]] = {}
         self._idle: dict[int, queue.SimpleQueue[PeerClient]] = {}
         self._dead: set[int] = set()
+        self._pinned: dict[tuple[int, int], tuple[int, memoryview] | None] = {}
 
     # --- holders and connections ------------------------------------------------------------------
     def _holders_of(self, step: int, rank: int) -> list[int]:
@@ -123,11 +133,36 @@ class SidecarBlobReader:
         return PeerClient(reg.host, reg.port, secret=self.secret, job=self.job, source=self.source,
                           timeout=self.timeout)
 
+    def _from_arena(self, step: int, rank: int, offset: int, pieces: list[memoryview]) -> bool:
+        """Fill ``pieces`` straight from this pod's sidecar's arena slot holding the blob (a memcpy, no
+        socket); ``False`` when it holds none there."""
+        with self._lock:  # one request at a time on the pod's socket; each blob pinned once
+            if (step, rank) not in self._pinned:
+                try:
+                    self._pinned[(step, rank)] = self.local_client.pin_shard(step, rank)
+                except (LifelineError, OSError) as err:
+                    self._pinned[(step, rank)] = None
+                    self.fallbacks.append(f"step {step} rank {rank}: this pod's sidecar: {err}")
+            pinned = self._pinned[(step, rank)]
+        if pinned is None or offset + sum(len(p) for p in pieces) > len(pinned[1]):
+            return False
+        at = offset
+        for piece in pieces:
+            piece[:] = pinned[1][at : at + len(piece)]
+            at += len(piece)
+        with self._lock:
+            n = at - offset
+            self.bytes_by_tier["L0" if self.local == rank else "L1"] += n
+            self.local_bytes += n
+        return True
+
     def _from_holders(self, step: int, rank: int, offset: int, pieces: list[memoryview]) -> bool:
         """Fill ``pieces`` (consecutive from ``offset``) from one holder; ``False`` when none could."""
         for holder in self._holders_of(step, rank):
             if holder in self._dead:
                 continue
+            if holder == self.local and self.local_client is not None and self._from_arena(step, rank, offset, pieces):
+                return True
             try:
                 client = self._connect(holder)
             except (PeerError, CatalogError, OSError) as err:
@@ -193,9 +228,16 @@ class SidecarBlobReader:
             self.bytes_by_tier["L2"] += sum(len(p) for p in pieces)
 
     def close(self) -> None:
-        """Close every kept connection (idempotent)."""
+        """Release every pinned arena slot and close every kept connection (idempotent)."""
         with self._lock:
             idle, self._idle = self._idle, {}
+            pinned, self._pinned = self._pinned, {}
+        for entry in pinned.values():
+            if entry is not None:
+                try:
+                    self.local_client.unpin_shard(entry[0])
+                except (LifelineError, OSError) as err:  # the sidecar went away: nothing stays pinned
+                    log.warning("releasing arena slot %d: %s", entry[0], err)
         for q in idle.values():
             while True:
                 try:
