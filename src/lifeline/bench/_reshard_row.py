@@ -170,6 +170,7 @@ def _summary(runs: list[dict]) -> dict[str, Any]:
     if "bytes_by_tier" in most:
         out["bytes_by_tier"] = most["bytes_by_tier"]
         out["l2_bytes_every_run"] = [r["bytes_by_tier"]["L2"] for r in runs]
+        out["local_bytes"] = most.get("local_bytes", 0)  # read in place from the pod's own arena
     return out
 
 
@@ -200,6 +201,7 @@ class _Measure:
                "read_bytes": sum(d["read_bytes"] for d in done), "cpu_s": cpu}
         if "bytes_by_tier" in done[0]:
             run["bytes_by_tier"] = {t: sum(d["bytes_by_tier"][t] for d in done) for t in ("L0", "L1", "L2")}
+            run["local_bytes"] = sum(d.get("local_bytes", 0) for d in done)
         if profile:
             run["profile_rank0"] = done[0].get("profile")
         if keep:
@@ -207,14 +209,29 @@ class _Measure:
         return run
 
 
-def _target_configs(spec: StateSpec, b: int, job: str, arenas: Path, redis_url: str, minio: Any) -> list[dict]:
-    """The new layout's ranks: pod ``r`` on 127.0.0.(r+1) (kept pods share their old sidecar's address)."""
+def _new_pods(spec: StateSpec, a: int, b: int, job: str, root: Path, arenas: Path, redis_url: str,
+              sidecars: list[SidecarProcess]) -> None:
+    """A grow's new pods: a sidecar for each rank ``a <= r < b`` (appended to ``sidecars``), holding nothing."""
+    local = {f"layers.{i}.weight": torch.empty(spec.rows // b, COLS, device="meta") for i in range(spec.tensors)}
+    slot = plan_shard(local, layout_of(b), 0, RULES).nbytes
+    for r in range(a, b):
+        env = sidecar_env(job, r, b, f"node-{r}", f"127.0.0.{r + 1}", arenas / f"new-{r}", slot, redis_url,
+                          PEER_REPLICAS=1, KEEP=1)
+        sidecars.append(SidecarProcess(env, root / f"sidecar-new-{r}.log"))
+
+
+def _target_configs(spec: StateSpec, a: int, b: int, job: str, arenas: Path, redis_url: str, minio: Any
+                    ) -> list[dict]:
+    """The new layout's ranks: pod ``r`` on 127.0.0.(r+1). A kept pod (``r < a``) is the old rank's pod:
+    its trainer talks to the same sidecar (its arena holds the old rank's blob, read in place); a
+    new pod has its own sidecar (:func:`_new_pods`)."""
     port, cfgs = _free_port(), []
     for r in range(b):
+        arena = arenas / (f"rank-{r}" if r < a else f"new-{r}")
         settings = dict(job=job, rank=r, world_size=b, node=f"node-{r}", secret=SECRET, pod_ip=f"127.0.0.{r + 1}",
                         redis_url=redis_url, persist_uri=f"s3://{BUCKET}/ours", s3_endpoint=minio.endpoint,
                         s3_access_key=minio.access_key, s3_secret_key=minio.secret_key,
-                        arena_dir=str(arenas / f"new-{r}"), layout=layout_of(b).to_dict())
+                        arena_dir=str(arena), layout=layout_of(b).to_dict(), connect_timeout_seconds=120)
         cfgs.append(dict(rank=r, world=b, port=port, spec=spec.to_json(), step=STEP, dcp=f"lminio://{BUCKET}/dcp/{job}",
                          settings=settings, minio=[minio.endpoint, minio.access_key, minio.secret_key]))
     return cfgs
@@ -236,7 +253,8 @@ def reshard_row(spec: StateSpec, a: int, b: int, repeats: int, root: Path, arena
         row: dict[str, Any] = {"change": f"tensor {a} -> {b}", "from_layout": layout_of(a).to_dict(),
                                "to_layout": layout_of(b).to_dict(), "job": job}
         row["save"] = _save_phase(spec, a, job, root, arenas, redis.url, minio, sidecars)
-        ranks = _Ranks(_target_configs(spec, b, job, arenas, redis.url, minio), root)
+        _new_pods(spec, a, b, job, root, arenas, redis.url, sidecars)
+        ranks = _Ranks(_target_configs(spec, a, b, job, arenas, redis.url, minio), root)
         pids = {"ranks": [p.pid for p in ranks.procs], "sidecars": [s.p.pid for s in sidecars],
                 "minio": [minio.pid], "redis": [redis.pid]}
         m = _Measure(ranks, job, pids, minio.state_dir / "data")

@@ -66,7 +66,7 @@ class _Peers:
         if rep is None:
             raise RuntimeError("SidecarCheckpointer.restore did not reshard: the catalog lacks the saved layout")
         return {"needed_bytes": rep.needed_bytes, "read_bytes": sum(rep.bytes_by_tier.values()),
-                "bytes_by_tier": rep.bytes_by_tier, "fallbacks": len(rep.fallbacks)}
+                "bytes_by_tier": rep.bytes_by_tier, "local_bytes": rep.local_bytes, "fallbacks": len(rep.fallbacks)}
 
     def l2(self) -> dict[str, Any]:
         from lifeline.checkpoint import load, storage_from_uri
