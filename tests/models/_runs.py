@@ -14,14 +14,16 @@ WORKER = Path(__file__).with_name("_worker.py")
 
 
 def run_ranks(tmp: Path, name: str, pipeline: int, data: int, steps: int = 24, *, tensor: int = 1,
-              expert: int = 1, model: dict | None = None) -> list[dict]:
-    """Run every rank as a subprocess; returns per rank {"losses", "step", "state" (its tensors),
-    "bytes" (its byte entries: data position, RNG)}."""
+              expert: int = 1, model: dict | None = None, capture: int | None = None,
+              probe: bool = False) -> list[dict]:
+    """Run every rank as a subprocess; returns per rank {"losses", "step", "in_flight", "saved_bytes",
+    "state" (its tensors), "bytes" (its byte entries: data position, RNG)}; with ``capture`` = s also
+    "before" (the full state after s steps) and "log" (every upstream-log entry the rank recorded)."""
     out = tmp / name
     out.mkdir()
     world = tensor * pipeline * data * expert
     cfg = json.dumps({"tensor": tensor, "pipeline": pipeline, "data": data, "expert": expert, "steps": steps,
-                      "store": str(out / "store"), "model": model or {}})
+                      "store": str(out / "store"), "model": model or {}, "capture": capture, "probe": probe})
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(out), cfg], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
@@ -40,6 +42,9 @@ def run_ranks(tmp: Path, name: str, pipeline: int, data: int, steps: int = 24, *
         saved = torch.load(out / f"rank-{r}.pt")
         info["state"] = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
         info["bytes"] = {k: v for k, v in saved.items() if not isinstance(v, torch.Tensor)}
+        if capture is not None:
+            info["before"] = torch.load(out / f"before-{r}.pt")
+            info["log"] = torch.load(out / f"log-{r}.pt")
         results.append(info)
     return results
 

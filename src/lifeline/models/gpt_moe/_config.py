@@ -9,12 +9,14 @@ from typing import Any, Literal
 from lifeline.checkpoint import Layout
 from lifeline.errors import ConfigError, LayoutError
 
-__all__ = ["GPTMoEConfig", "EOD_TOKEN", "BYTE_VOCAB"]
+__all__ = ["GPTMoEConfig", "EOD_TOKEN", "BYTE_VOCAB", "SCHEDULES"]
 
 BYTE_VOCAB = 256
 """Byte-level tokens ``0..255``."""
 EOD_TOKEN = 256
 """The end-of-document token appended after every source file (logical vocabulary 257)."""
+SCHEDULES = ("gpipe", "1f1b")
+"""The pipeline schedules :attr:`GPTMoEConfig.schedule` takes."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,12 @@ class GPTMoEConfig:
     * ``aux_loss_coef`` — weight α of the Switch Transformer load-balancing loss
       (Fedus et al. 2021, §2.2, eq. 4).
     * ``micro_batch``, ``micro_batches`` — sequences per micro-batch and micro-batches per step
-      per replica group (pipeline schedule GPipe, Huang et al. 2019).
+      per replica group.
+    * ``schedule`` — the pipeline schedule: ``"gpipe"`` (Huang et al. 2019: every forward, then
+      every backward) or ``"1f1b"`` (PipeDream-Flush, Narayanan et al. 2021 §2.2: warm-up forwards,
+      one forward one backward, cool-down backwards; at most ``stages - stage`` micro-batches'
+      activations held per stage). Both accumulate gradients in micro-batch order, so a run is
+      bit-identical under either (:mod:`~lifeline.models.gpt_moe._pipeline`).
     * ``seq_len`` — tokens per sequence; ``corpus_bytes`` — bytes of the standard-library corpus read.
     * ``lr``, ``betas``, ``eps``, ``weight_decay`` — AdamW (Loshchilov & Hutter 2019).
     * ``warmup_steps``, ``decay_steps``, ``min_lr_ratio`` — linear warm-up to ``lr``, then cosine
@@ -63,6 +70,7 @@ class GPTMoEConfig:
     seq_len: int = 64
     micro_batch: int = 4
     micro_batches: int = 2
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
     corpus_bytes: int = 1 << 20
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
@@ -114,6 +122,9 @@ class GPTMoEConfig:
                               field="d_model")
         if not 1 <= self.top_k <= self.n_experts:
             raise ConfigError(f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]", field="top_k")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r} must be one of {', '.join(map(repr, SCHEDULES))}",
+                              field="schedule")
         if self.positions not in ("rope", "learned"):
             raise ConfigError(f"positions={self.positions!r} must be 'rope' or 'learned'", field="positions")
         if self.corpus_bytes < 2 * (self.seq_len + 1):

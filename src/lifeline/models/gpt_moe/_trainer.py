@@ -1,4 +1,4 @@
-"""The GPT-MoE trainer of one rank: GPipe pipeline schedule, data-parallel all-reduce, AdamW."""
+"""The GPT-MoE trainer of one rank: pipeline schedule (GPipe or 1F1B), data-parallel all-reduce, AdamW."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from lifeline.models.gpt_moe._groups import Groups, build_groups
 from lifeline.models.gpt_moe._operators import expert_operator, stage_operators
 from lifeline.models.gpt_moe._parallel import ParallelContext
 from lifeline.models.gpt_moe._patterns import pattern_rules
+from lifeline.models.gpt_moe._pipeline import PipelineStep
 from lifeline.models.gpt_moe._schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
+from lifeline.models.gpt_moe._schedules import schedule_ops
 from lifeline.models.gpt_moe._stage import GPTMoEStage
 from lifeline.models.gpt_moe._state import load_state, state
 from lifeline.models.gpt_moe._zero import Zero1AdamW
@@ -74,9 +76,12 @@ class GPTMoETrainer:
     """The reference trainer of global ``rank`` in ``layout`` (tensor × pipeline × data × expert).
 
     * Pipeline: stage ``coords.pipeline`` of ``layout.pipeline`` runs its layers; each step runs
-      ``cfg.micro_batches`` micro-batches with the GPipe schedule (Huang et al. 2019, §2.2: all
-      forwards, then all backwards in reverse order), sending activations forward and their
-      gradients backward with ``torch.distributed.send``/``recv`` on the default process group.
+      ``cfg.micro_batches`` micro-batches in the order of ``cfg.schedule``: GPipe (Huang et al.
+      2019, §2.2: all forwards, then all backwards) or 1F1B (PipeDream-Flush, Narayanan et al.
+      2021, §2.2), sending activations forward and their gradients backward with gloo
+      point-to-point on the default process group (:mod:`~lifeline.models.gpt_moe._schedules`,
+      :mod:`~lifeline.models.gpt_moe._pipeline`). Both accumulate gradients in micro-batch
+      order: a run is bit-identical under either schedule.
     * Tensor parallel (Megatron-LM, Shoeybi et al. 2019, §3): the stage's attention, shared expert
       and vocabulary are split across the ``T`` ranks of the tensor group (see
       :class:`~lifeline.models.gpt_moe.GPTMoEStage`); activations between stages are whole on
@@ -136,6 +141,12 @@ class GPTMoETrainer:
         self.prev = layout.rank(dataclasses.replace(self.coords, pipeline=stage - 1)) if stage > 0 else None
         self.next = layout.rank(dataclasses.replace(self.coords, pipeline=stage + 1)) \
             if stage < layout.pipeline - 1 else None
+        self.pipeline = PipelineStep(self.model, cfg, schedule_ops(cfg.schedule, layout.pipeline, stage,
+                                                                  cfg.micro_batches),
+                                     stage, self.prev, self.next, self._record)
+        self.activations_in_flight = 0
+        """Most micro-batches whose activations this stage held at once in the last step
+        (``min(stages - stage, micro_batches)`` under 1F1B, ``micro_batches`` under GPipe)."""
         self.groups = Groups()
         self._distributed = False
         self.log: StageLog | None = None
@@ -205,8 +216,9 @@ class GPTMoETrainer:
         The stage's inputs (activations of stage - 1) and output gradients (from stage + 1) and
         the world's gradient sums of squares of that step come from ``source``; the data-parallel
         all-reduce still runs over the stage's replica group (its replicas replay with it). The
-        result is bit-identical to the step the failed rank ran: the same inputs in the same order
-        through the same deterministic kernels, and the same clipping coefficient. What the stage
+        result is bit-identical to the step the failed rank ran: the same inputs through the same
+        deterministic kernels in the same order (the ops of the configured schedule, GPipe or
+        1F1B, with every receive read from the log), and the same clipping coefficient. What the stage
         sends is logged again (so its own log is whole once more); nothing is sent.
 
         Raises:
@@ -246,52 +258,9 @@ class GPTMoETrainer:
         batch = self.loader.batch_at(it).view(cfg.micro_batches, cfg.micro_batch, cfg.seq_len + 1)
         inputs, targets = batch[..., :-1], batch[..., 1:]
         m_count = cfg.micro_batches
-        saved: list[tuple[Tensor | None, Tensor, Tensor]] = []
-        lm_total = torch.zeros(())
-        aux_total = 0.0
-        stage = self.coords.pipeline
-        for m in range(m_count):  # GPipe: every forward first
-            if self.prev is None:
-                x = inputs[m]
-            else:
-                x = torch.empty(cfg.micro_batch, cfg.seq_len, cfg.d_model)
-                if source is None:
-                    dist.recv(x, src=self.prev)
-                else:
-                    source.fetch(x, iteration=it, micro_batch=m, stage=stage - 1, direction="fwd", rank=self.prev)
-                x.requires_grad_(True)
-            out, aux = self.model(x)
-            aux_total += float(aux.detach())
-            if self.next is None:
-                lm = self.model.loss(out, targets[m])
-                lm_total += lm.detach()
-                out = (lm + cfg.aux_loss_coef * aux) / m_count
-            else:
-                sent = out.detach().contiguous()
-                if source is None:
-                    dist.send(sent, dst=self.next)
-                self._record(it, m, "fwd", sent)
-            saved.append((x if self.prev is not None else None, out, aux))
-        for m in reversed(range(m_count)):  # then every backward, last micro-batch first
-            x, out, aux = saved[m]
-            if self.next is None:
-                out.backward()
-            else:
-                grad = torch.empty_like(out)
-                if source is None:
-                    dist.recv(grad, src=self.next)
-                else:
-                    source.fetch(grad, iteration=it, micro_batch=m, stage=stage + 1, direction="bwd", rank=self.next)
-                aux_scaled = aux * (cfg.aux_loss_coef / m_count)
-                if aux_scaled.requires_grad:
-                    torch.autograd.backward([out, aux_scaled], [grad, torch.ones(())])
-                else:
-                    out.backward(grad)
-            if x is not None:
-                sent = x.grad.contiguous()
-                if source is None:
-                    dist.send(sent, dst=self.prev)
-                self._record(it, m, "bwd", sent)
+        totals = self.pipeline.run(it, inputs, targets, source)
+        self.activations_in_flight = totals.in_flight
+        lm_total, aux_total = totals.lm_total, totals.aux_total
         loss = self._reduce_gradients(lm_total / m_count)
         self._clip(it, source)
         if self.before_update is not None:
