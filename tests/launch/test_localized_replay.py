@@ -19,10 +19,11 @@ from ._jobs import job_doc, lifeline_run, trainer_events, write_job
 STAGES = 3
 
 
-def _doc(name: str, *, fault_in_replay: str | None = None) -> dict:
+def _doc(name: str, *, fault_in_replay: str | None = None, schedule: str = "gpipe") -> dict:
     doc = job_doc(name, pipeline=STAGES, data=1)
     spec = doc["spec"]
-    spec["model"]["args"].update(n_layers=STAGES, micro_batches=4, grad_clip=0.5, warmup_steps=3)
+    spec["model"]["args"].update(n_layers=STAGES, micro_batches=4, grad_clip=0.5, warmup_steps=3,
+                                 schedule=schedule)
     spec["checkpoint"]["every"] = 4
     spec["recovery"]["localizedReplay"] = True
     spec["recovery"].pop("elastic")
@@ -41,9 +42,11 @@ def reference(tmp_path_factory):
     return summary
 
 
-def _run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None) -> dict:
+def _run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None,
+         schedule: str = "gpipe") -> dict:
     args = [a for inj in injections for a in ("--inject-failure", inj)]
-    return lifeline_run(write_job(tmp_path / "job.yaml", _doc(name, fault_in_replay=fault_in_replay)),
+    return lifeline_run(write_job(tmp_path / "job.yaml", _doc(name, fault_in_replay=fault_in_replay,
+                                                              schedule=schedule)),
                         tmp_path / "state", "--persist-uri", str(tmp_path / "l2"), *args)
 
 
@@ -65,6 +68,21 @@ def test_a_trainer_crash_in_the_middle_stage_replays_that_stage_alone(reference,
     assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == [5, 6, 7]
     (done,) = _events(tmp_path, "replayed", 1)
     assert done["rank"] == 1 and done["steps"] == 3 and done["log_bytes"] > 0
+    assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
+
+
+def test_a_middle_stage_crash_under_1f1b_replays_that_stage_alone_bit_identically(reference, tmp_path):
+    """Schedule 1F1B: a trainer crash in the middle stage, whose logs were written in 1F1B order,
+    replays that stage alone and ends bit-identical to the failure-free run. The reference is the
+    GPipe run: a failure-free 1F1B run equals it bit for bit (both accumulate gradients in
+    micro-batch order; tests/models/test_gpt_moe_1f1b.py), so one run less here."""
+    summary = _run(tmp_path, "mid1f1b", "trainer:rank=1:step=7", schedule="1f1b")
+    (rec,) = summary["recoveries"]
+    assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L0", 4, [1])
+    assert _restored_ranks(tmp_path, 1) == {1} and {e["rank"] for e in _events(tmp_path, "keep", 1)} == {0, 2}
+    (done,) = _events(tmp_path, "replayed", 1)  # the kill lands once step 7 is reported, maybe after step 8
+    assert done["step"] in (7, 8) and done["rank"] == 1 and done["log_bytes"] > 0
+    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == list(range(5, done["step"] + 1))
     assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
 
 
@@ -114,10 +132,11 @@ def test_a_stage_with_two_replicas_replays_with_its_data_parallel_all_reduce(tmp
     assert summary["digest"] == ref["digest"]
 
 
-def _sparse_run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None) -> dict:
+def _sparse_run(tmp_path: Path, name: str, *injections: str, fault_in_replay: str | None = None,
+                schedule: str = "gpipe") -> dict:
     """Sparse checkpoints (window 3) and no dense checkpoint before the end: a failed stage can only
     restore from its sparse window, held in its sidecar's log store and its L1 peer's."""
-    doc = _doc(name, fault_in_replay=fault_in_replay)
+    doc = _doc(name, fault_in_replay=fault_in_replay, schedule=schedule)
     doc["spec"]["checkpoint"]["every"] = doc["spec"]["checkpoint"]["persist"]["every"] = doc["spec"]["steps"]
     doc["spec"]["checkpoint"]["sparse"] = {"window": 3}
     args = [a for inj in injections for a in ("--inject-failure", inj)]
@@ -139,7 +158,9 @@ def test_a_crash_with_sparse_checkpoints_restores_the_window_and_replays_it_in_m
 
 
 def test_a_node_loss_with_sparse_checkpoints_fetches_the_window_from_the_peer(reference, tmp_path):
-    summary = _sparse_run(tmp_path, "sparsenode", "node:rank=2:step=10")
+    """Under 1F1B (bit-identical to the GPipe reference): the sparse operators, their window and the
+    replay compose with the schedule."""
+    summary = _sparse_run(tmp_path, "sparsenode", "node:rank=2:step=10", schedule="1f1b")
     (rec,) = summary["recoveries"]
     assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L1", 6, [2])
     assert {e["rank"] for e in _events(tmp_path, "restore", 1) if e.get("source") == "window"} == {2}

@@ -3,8 +3,8 @@
 CONFIG_JSON: {"pipeline", "data", "tensor" (1), "expert" (1), "steps", "store", "model": {...},
 "capture" (optional step), "probe" (optional: measure saved activations)}. Ranks meet through a ``FileStore`` (no ports to pick); gloo connects
 over loopback. Writes ``OUT_DIR/rank-<r>.pt`` (final state: parameters, AdamW state, data position
-and RNG bytes) and ``OUT_DIR/rank-<r>.json`` (per-step losses, wall seconds, micro-batches in flight
-and, with ``probe``, peak saved-activation bytes per step). With ``capture`` = s, also ``OUT_DIR/before-<r>.pt`` (the state
+and RNG bytes) and ``OUT_DIR/rank-<r>.json`` (per-step losses, wall seconds, micro-batches in flight,
+with ``probe`` peak saved-activation bytes per step, and the last step's routed tokens per expert). With ``capture`` = s, also ``OUT_DIR/before-<r>.pt`` (the state
 after s steps, before step s + 1 runs) and ``OUT_DIR/log-<r>.pt`` (every upstream-log entry,
 ``{(iteration, micro_batch, direction): tensor}``).
 """
@@ -68,7 +68,7 @@ def main() -> None:
         torch.save(log.entries, f"{out}/log-{rank}.pt")
     with open(f"{out}/rank-{rank}.json", "w") as f:
         json.dump({"losses": losses, "seconds": seconds, "step": trainer.step, "in_flight": in_flight,
-                   "saved_bytes": saved_bytes}, f)
+                   "saved_bytes": saved_bytes, "experts": trainer.expert_activations()}, f)
     if layout.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -4,7 +4,7 @@ A decoder-only transformer (pre-norm RMSNorm, causal attention with fused QKV an
 learned positions) whose feed-forward layers are dropless top-k MoE layers of SwiGLU
 experts with the Switch Transformer load-balancing loss. It trains on the Python standard
 library's own sources as byte tokens, deterministically on CPU: tensor-parallel (Megatron-LM),
-pipeline-parallel across stages (GPipe over gloo ``send``/``recv``), data-parallel across replica
+pipeline-parallel across stages (GPipe or 1F1B over gloo point-to-point), data-parallel across replica
 groups and expert-parallel (tokens to their experts' ranks with ``all_to_all_single``).
 
 Public API:

@@ -57,6 +57,7 @@ class PipelineStep:
                  next: int | None, record: Record) -> None:
         self.model, self.cfg, self.ops = model, cfg, ops
         self.stage, self.prev, self.next, self.record = stage, prev, next, record
+        self.clear()
 
     def run(self, iteration: int, inputs: Tensor, targets: Tensor, source: Any = None) -> StepTotals:
         """Run every op of the schedule for step ``iteration`` (0-based) and return the totals.
@@ -69,9 +70,7 @@ class PipelineStep:
         """
         self._it, self._source = iteration, source
         self._inputs, self._targets = inputs, targets
-        self._inbox: dict[tuple[str, int], Tensor] = {}
-        self._outbox: dict[tuple[str, int], Tensor] = {}
-        self._saved: dict[int, tuple[Tensor | None, Tensor, Tensor]] = {}
+        self.clear()
         self._lm_total = torch.zeros(())
         self._aux_total = 0.0
         peak = 0
@@ -82,6 +81,12 @@ class PipelineStep:
             else:
                 self._exchange(op)
         return StepTotals(self._lm_total, self._aux_total, peak)
+
+    def clear(self) -> None:
+        """Drop what an interrupted step left (saved activations and their graphs, tensors in transit)."""
+        self._inbox: dict[tuple[str, int], Tensor] = {}
+        self._outbox: dict[tuple[str, int], Tensor] = {}
+        self._saved: dict[int, tuple[Tensor | None, Tensor, Tensor]] = {}
 
     def _forward(self, m: int) -> None:
         cfg = self.cfg

@@ -230,6 +230,7 @@ class GPTMoETrainer:
     def abandon_step(self) -> None:
         """Drop the partial work of an interrupted step (gradients zeroed); the state stays that of
         the last completed step. A survivor of a localized recovery calls it instead of restoring."""
+        self.pipeline.clear()
         self._zero_grad()
 
     def expert_counts(self) -> dict[int, Tensor]:
@@ -319,6 +320,7 @@ class GPTMoETrainer:
         Gradients are zeroed: a step interrupted by a failure may have accumulated part of them.
         """
         load_state(self.model, self.optimizer, self.loader, values, self.rng, self._opt_params())
+        self.pipeline.clear()
         self._zero_grad()
 
     def _opt_params(self) -> dict[str, Tensor] | None:
