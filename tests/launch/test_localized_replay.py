@@ -80,8 +80,8 @@ def test_a_middle_stage_crash_under_1f1b_replays_that_stage_alone_bit_identicall
     (rec,) = summary["recoveries"]
     assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L0", 4, [1])
     assert _restored_ranks(tmp_path, 1) == {1} and {e["rank"] for e in _events(tmp_path, "keep", 1)} == {0, 2}
-    (done,) = _events(tmp_path, "replayed", 1)  # the kill lands once step 7 is reported, maybe after step 8
-    assert done["step"] in (7, 8) and done["rank"] == 1 and done["log_bytes"] > 0
+    (done,) = _events(tmp_path, "replayed", 1)  # the kill lands once step 7 is reported: maybe steps later
+    assert done["step"] >= 7 and done["rank"] == 1 and done["log_bytes"] > 0
     assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == list(range(5, done["step"] + 1))
     assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
 
