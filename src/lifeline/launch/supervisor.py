@@ -338,9 +338,11 @@ class Supervisor:
         started = set(replaced)
         for rank in range(self.layout.world_size):
             pod = self.pods[rank]
-            if rank not in replaced and pod.exit_code("trainer") not in (None, 0):
+            # in place (its sidecar kept the L0 copy); a trainer that already finished (exit 0, the failure
+            # came at the end) restarts too: the new generation needs every rank, and it is done at once
+            if rank not in replaced and pod.exit_code("trainer") is not None:
                 started.add(rank)
-                pod.start_trainer(self._spare(pod.node, "trainer"))  # in place: its sidecar kept the L0 copy
+                pod.start_trainer(self._spare(pod.node, "trainer"))
         record.launched_at = time.time()
         record.spares = sum(self.pods[r].trainer_from_spare for r in started)
         for old in gone:
