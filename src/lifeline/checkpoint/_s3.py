@@ -173,12 +173,13 @@ class S3Storage:
 
         self._retry("put", key, upload)
 
-    def put_stream(self, key: str, pieces: Iterable[Any]) -> None:
+    def put_unsized(self, key: str, pieces: Iterable[Any]) -> None:
         """Store the concatenation of ``pieces`` (bytes-like objects, consumed once, in order) under ``key``
-        as a multipart upload of ``part_size`` parts, holding one part in memory at a time (a
-        :class:`~lifeline.checkpoint.SupportsPutStream`). The object appears only when the upload
-        completes; an exception from ``pieces`` or the server aborts the upload, leaving nothing.
-        Not retried: the pieces cannot be produced twice (:meth:`put` retries).
+        as a multipart upload of ``part_size`` parts, holding one part in memory at a time: for data
+        that is produced as it goes (streamed imports). Not :class:`~lifeline.checkpoint.SupportsPutStream`
+        on purpose: saves of blobs in memory are faster through :meth:`put`'s parallel parts. The
+        object appears only when the upload completes; an exception from ``pieces`` or the server
+        aborts the upload, leaving nothing. Not retried: the pieces cannot be produced twice.
 
         Raises:
             StorageError: the upload failed (naming ``key``).

@@ -2,8 +2,8 @@
 
 :func:`import_streamed` plans a one-rank checkpoint (every tensor whole, ``replicated``, so any
 layout loads it) from the tensors' shapes and dtypes alone (``meta`` tensors: no memory), then
-writes the blob in order through the storage's ``put_stream`` (the filesystem's pipelined writer,
-S3's multipart upload), asking ``load(name)`` for each tensor only when its bytes are due and
+writes the blob in order through the storage's ``put_stream`` (the filesystem's pipelined writer) or
+S3's :meth:`~lifeline.checkpoint.S3Storage.put_unsized` (a multipart upload part by part), asking ``load(name)`` for each tensor only when its bytes are due and
 checksumming them right before they are written (:func:`~lifeline.checkpoint._persist.fused_put`).
 The importer holds one source tensor at a time (the storage's writer may still hold the pieces it
 has queued); the manifest is committed last.
@@ -26,10 +26,21 @@ from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._persist import fused_put
 from lifeline.checkpoint._plan import BytesPlan, ChunkPlan, plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
+from lifeline.checkpoint._s3 import S3Storage
 from lifeline.checkpoint._storage import Storage, SupportsPutStream
 from lifeline.errors import LayoutError
 
 __all__ = ["TensorSpec", "import_streamed"]
+
+
+class _Unsized:
+    """``put_stream`` over :meth:`S3Storage.put_unsized` (a multipart upload fed part by part)."""
+
+    def __init__(self, storage: S3Storage) -> None:
+        self.storage = storage
+
+    def put_stream(self, key: str, pieces: Any) -> None:
+        self.storage.put_unsized(key, pieces)
 
 
 @dataclass(frozen=True)
@@ -58,14 +69,14 @@ def import_streamed(storage: Storage, prefix: str, job: str, step: int, entries:
         LayoutError: a loaded tensor's shape or dtype differs from its spec (nothing is committed).
         StorageError: the storage failed (a streamed write leaves no object behind).
 
-    On a storage without ``put_stream`` the blob is assembled in memory first (one copy of the state).
+    On another storage (memory) the blob is assembled in memory first (one copy of the state).
     """
     skeleton: dict[str, Any] = {
         name: torch.empty(spec.shape, dtype=spec.dtype, device="meta") if isinstance(spec, TensorSpec) else spec
         for name, spec in entries.items()}
     layout = Layout()
     plan = plan_shard(skeleton, layout, 0, PatternRules(default=Replicated()))
-    if not isinstance(storage, SupportsPutStream):
+    if not isinstance(storage, (SupportsPutStream, S3Storage)):
         state = {k: load(k) if isinstance(v, TensorSpec) else v for k, v in entries.items()}
         blob = bytearray(plan.nbytes)
         write_shard(plan, state, blob)
@@ -90,7 +101,8 @@ def import_streamed(storage: Storage, prefix: str, job: str, step: int, entries:
     def gap(start: int, stop: int) -> memoryview:
         return zeros[: stop - start] if stop - start <= len(zeros) else memoryview(bytes(stop - start))
 
-    meta = fused_put(storage, blob_key(prefix, job, step, 0), plan, view, gap, job=job, step=step,
+    target = storage if isinstance(storage, SupportsPutStream) else _Unsized(storage)
+    meta = fused_put(target, blob_key(prefix, job, step, 0), plan, view, gap, job=job, step=step,
                      block_size=block_size)
     current.clear()
     return commit(storage, prefix, job, step, layout, [meta])

@@ -12,7 +12,7 @@ what it holds, so the new layout reads the restore step's byte ranges from the s
   dropped pod standing on a node a new pod needs is evicted at once and serves nothing).
 * :func:`plan_grow` — when the job runs below the spec's size and the healthy, schedulable nodes
   outside cool-down have room for more replica groups: the largest data degree up to the spec's
-  that fits, restoring the latest step every rank holds in memory. No failure starts it, so it
+  that fits, restoring the latest complete step, held in memory by every rank. No failure starts it, so it
   counts no restart.
 
 Both are pure: equal inputs give equal plans.
@@ -203,10 +203,15 @@ def plan_grow(state: JobState, spec: TrainingJobSpec, *, now: float) -> Recovery
     data = min(target.data, layout.data + free // per_group)
     if data <= layout.data:
         return None
-    step, sources = latest_covered(tuple(range(state.world_size)), usable_holdings(state, set()), ("L0", "L1"),
-                                   state.step)
-    if step is None:
+    complete = state.latest_complete_step
+    if complete is None:
         return None
+    # the latest *complete* step: every sidecar keeps it (eviction spares it) while the trainers, running
+    # until they read the plan, save one more; an older memory step may be evicted before it is read
+    step, sources = latest_covered(tuple(range(state.world_size)), usable_holdings(state, set()), ("L0", "L1"),
+                                   complete)
+    if step != complete:
+        return None  # the holdings do not show it yet: next round
     new_layout = layout.model_copy(update={"data": data})
     kept, placed, _ = _placement(state, new_layout.world_size, set(), avoid)
     return _resharded(
