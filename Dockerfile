@@ -1,0 +1,29 @@
+# The Lifeline image: one image for every role (`python -m lifeline <role>`: operator, sidecar,
+# trainer). Python 3.11 from Debian bookworm, torch for CPU, the package. It builds without PyPI
+# (pip reads only the context: --no-index; apt fetches python3 from Debian) from a context that
+# `lifeline kind build lifeline` assembles:
+#   deps/      the wheels of every dependency, pinned by pip's resolution of pyproject.toml
+#              (downloaded once into ~/.cache/lifeline/wheels), torch's CUDA runtime trimmed
+#              to the libraries it links against (see slim_torch.py and docs/kind.md)
+#   lifeline/  the wheel of this package
+#   slim_torch.py
+# BASE is the Debian image built by debootstrap (`lifeline kind build base`).
+ARG BASE
+FROM ${BASE}
+RUN apt-get update -q \
+ && apt-get install -y -q --no-install-recommends python3 python3-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
+ && python3 -m venv /opt/lifeline \
+ && useradd --uid 1000 --create-home lifeline
+ENV PATH=/opt/lifeline/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+COPY deps/ /tmp/deps/
+COPY slim_torch.py /tmp/slim_torch.py
+RUN pip install --no-index --no-deps --no-compile -q /tmp/deps/*.whl \
+ && python /tmp/slim_torch.py /opt/lifeline \
+ && rm -rf /tmp/deps /tmp/slim_torch.py /root/.cache
+COPY lifeline/ /tmp/lifeline/
+RUN pip install --no-index --no-deps --no-compile -q /tmp/lifeline/*.whl && rm -rf /tmp/lifeline /root/.cache
+USER 1000
+WORKDIR /home/lifeline
+ENTRYPOINT ["python", "-m", "lifeline"]
+CMD ["operator"]

@@ -1,0 +1,204 @@
+"""Images built here, with no registry: the Debian base, the Lifeline image, Redis and MinIO.
+
+=====================================  ==================================================
+image                                  recipe
+=====================================  ==================================================
+``lifeline.local/debian:bookworm-r1``  ``debootstrap --variant=minbase bookworm`` (Debian's
+                                       packages), ``docker import`` of the root filesystem
+``lifeline:dev``                       ``Dockerfile`` at the repository root, built with
+                                       ``--network none`` from wheels resolved and
+                                       downloaded on this machine (``<cache>/wheels``)
+``lifeline.local/redis:<debian ver>``  Debian bookworm's ``redis-server`` (uid 999)
+``lifeline.local/minio:<version>``     the MinIO binary of ``lifeline devcluster build``
+=====================================  ==================================================
+
+Cache: Docker's image store. An image whose tag exists is reused; tags carry the recipe
+revision (``-rN``, bumped when a recipe changes) and the upstream versions. Debian packages
+fetched by debootstrap are kept in ``<cache>/debs`` and PyPI wheels in ``<cache>/wheels``,
+so a rebuild after ``docker system prune`` downloads nothing new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lifeline.devcluster import build as devbuild
+from lifeline.errors import BuildError
+from lifeline.kindbed.engine import docker, image_id
+
+__all__ = ["BASE_IMAGE", "LIFELINE_IMAGE", "REDIS_IMAGE", "MINIO_IMAGE", "DEBIAN_MIRROR",
+           "ensure_base", "ensure_lifeline", "ensure_services", "build_context_wheels"]
+
+DEBIAN_MIRROR = os.environ.get("LIFELINE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+BASE_IMAGE = "lifeline.local/debian:bookworm-r1"
+LIFELINE_IMAGE = "lifeline:dev"
+REDIS_IMAGE = "lifeline.local/redis:7.0-bookworm-r1"
+MINIO_IMAGE = f"lifeline.local/minio:{devbuild.MINIO_VERSION}-r2"
+_DOCKERFILES = Path(__file__).parent / "dockerfiles"
+# Wheels left out of the image: triton compiles GPU kernels, cuda-* are CUDA's Python bindings.
+_DROP = re.compile(r"^(triton|cuda-.*)$")
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    if proc.returncode != 0:
+        raise BuildError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}", key=what)
+    return proc
+
+
+def _timed(ref: str, build) -> str:
+    if image_id(ref):
+        return ref
+    t0 = time.monotonic()
+    build()
+    _log(f"[kind] built {ref} in {time.monotonic() - t0:.0f}s")
+    return ref
+
+
+def ensure_base() -> str:
+    """The Debian bookworm base image (debootstrap minbase, imported); returns its tag. Raises BuildError."""
+    def build() -> None:
+        debs = devbuild.cache_root() / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="lifeline-rootfs-") as tmp:
+            root = Path(tmp) / "rootfs"
+            _log(f"[kind] debootstrap bookworm (minbase) from {DEBIAN_MIRROR}")
+            _run(["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--cache-dir={debs}",
+                  "bookworm", str(root), DEBIAN_MIRROR], "debootstrap")
+            (root / "etc/apt/sources.list").write_text(
+                f"deb {DEBIAN_MIRROR} bookworm main\ndeb {DEBIAN_MIRROR} bookworm-updates main\n"
+                "deb http://deb.debian.org/debian-security bookworm-security main\n")
+            # Images stay small: no docs, man pages or apt caches; apt never asks.
+            (root / "etc/dpkg/dpkg.cfg.d/lifeline-nodoc").write_text(
+                "path-exclude /usr/share/doc/*\npath-exclude /usr/share/man/*\npath-exclude /usr/share/info/*\n")
+            (root / "etc/apt/apt.conf.d/lifeline").write_text(
+                'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n')
+            for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for f in (root / junk).glob("*"):
+                    if f.is_file():
+                        f.unlink()
+            tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+            try:
+                docker("import", "--change", 'CMD ["/bin/bash"]', "--change", "ENV LANG=C.UTF-8",
+                       "-", BASE_IMAGE, input=tar.stdout.read())
+            finally:
+                tar.wait()
+    return _timed(BASE_IMAGE, build)
+
+
+def _pins(repo: Path) -> list[str]:
+    """``name==version`` of every dependency of the package, as pip resolves them for this Python."""
+    key = hashlib.sha256((repo / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    cached = devbuild.cache_root() / "wheels" / f"pins-{key}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+              "--report", str(report), str(repo)], "pip resolve")
+        items = json.loads(report.read_text())["install"]
+    pins = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
+                  if i["metadata"]["name"].lower() != "lifeline"
+                  and not _DROP.match(i["metadata"]["name"].lower()))
+    cached.write_text(json.dumps(pins, indent=0))
+    return pins
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def build_context_wheels(repo: Path, dest: Path) -> None:
+    """Fill ``dest/deps`` (dependency wheels, hard links into the cache) and ``dest/lifeline``.
+
+    Raises:
+        BuildError: pip could not resolve, download or build a wheel.
+    """
+    wheels = devbuild.cache_root() / "wheels"
+    pins = _pins(repo)
+    want = {(_norm(p.split("==")[0]), p.split("==")[1]) for p in pins}
+    have = {(_norm(f.name.split("-")[0]), f.name.split("-")[1]): f for f in wheels.glob("*.whl")}
+    if want - set(have):
+        reqs = dest / "requirements.txt"
+        reqs.write_text("\n".join(pins) + "\n")
+        _log(f"[kind] downloading {len(want - set(have))} wheels into {wheels}")
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+              "-d", str(wheels), "-r", str(reqs)], "pip download")
+        reqs.unlink()
+        have = {(_norm(f.name.split("-")[0]), f.name.split("-")[1]): f for f in wheels.glob("*.whl")}
+    (dest / "deps").mkdir()
+    for k in sorted(want):
+        os.link(have[k], dest / "deps" / have[k].name)
+    (dest / "lifeline").mkdir()
+    # from a copy of the sources: setuptools would otherwise leave build/ in the checkout (and
+    # reuse it next time, stale modules included)
+    src = dest / "src-copy"
+    shutil.copytree(repo / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dest / "lifeline"), str(src)],
+         "pip wheel lifeline")
+    shutil.rmtree(src)
+
+
+def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
+    """Build the Lifeline image from the checkout at ``repo`` (layers reused by Docker's cache).
+
+    With ``rebuild`` (default) the package layer is rebuilt from the current source every call;
+    without it an existing ``lifeline:dev`` is kept. Returns the tag. Raises BuildError.
+    """
+    if not rebuild and image_id(LIFELINE_IMAGE):
+        return LIFELINE_IMAGE
+    base = ensure_base()
+    t0 = time.monotonic()
+    ctx = Path(tempfile.mkdtemp(prefix="lifeline-image-", dir=devbuild.cache_root()))
+    try:
+        build_context_wheels(repo, ctx)
+        shutil.copy(repo / "Dockerfile", ctx / "Dockerfile")
+        shutil.copy(_DOCKERFILES / "slim_torch.py", ctx / "slim_torch.py")
+        # The lifeline wheel's bytes change with every build (timestamps); its layer is the last one.
+        proc = docker("build", "--build-arg", f"BASE={base}", "-t", LIFELINE_IMAGE,
+                      str(ctx), check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"docker build {LIFELINE_IMAGE} failed:\n{(proc.stdout + proc.stderr)[-4000:]}",
+                             key=LIFELINE_IMAGE)
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    _log(f"[kind] {LIFELINE_IMAGE} ready in {time.monotonic() - t0:.0f}s")
+    return LIFELINE_IMAGE
+
+
+def ensure_services() -> dict[str, str]:
+    """The chart's in-cluster Redis and MinIO images; returns ``{"redis": tag, "minio": tag}``."""
+    base = ensure_base()
+
+    def build(target: str, ref: str, files: dict[str, Path]):
+        def run() -> None:
+            with tempfile.TemporaryDirectory(prefix="lifeline-svc-") as tmp:
+                for name, src in files.items():
+                    os.link(src, Path(tmp) / name) if os.stat(src).st_dev == os.stat(tmp).st_dev \
+                        else shutil.copy(src, Path(tmp) / name)
+                shutil.copy(_DOCKERFILES / "service.Dockerfile", Path(tmp) / "Dockerfile")
+                proc = docker("build", "--target", target, "--build-arg", f"BASE={base}",
+                              "-t", ref, tmp, check=False)
+                if proc.returncode != 0:
+                    raise BuildError(f"docker build {ref} failed:\n{(proc.stdout + proc.stderr)[-4000:]}", key=ref)
+        return run
+
+    minio = devbuild.ensure("minio") / "minio"
+    return {"redis": _timed(REDIS_IMAGE, build("redis", REDIS_IMAGE, {})),
+            "minio": _timed(MINIO_IMAGE, build("minio", MINIO_IMAGE, {"minio": minio}))}
