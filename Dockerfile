@@ -9,18 +9,23 @@
 #   slim_torch.py
 # BASE is the Debian image built by debootstrap (`lifeline kind build base`).
 ARG BASE
-FROM ${BASE}
+FROM ${BASE} AS python
 RUN apt-get update -q \
  && apt-get install -y -q --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
- && python3 -m venv /opt/lifeline \
  && useradd --uid 1000 --create-home lifeline
 ENV PATH=/opt/lifeline/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+# The dependencies, installed in a stage of their own: the wheels never reach the final image.
+FROM python AS deps
 COPY deps/ /tmp/deps/
 COPY slim_torch.py /tmp/slim_torch.py
-RUN pip install --no-index --no-deps --no-compile -q /tmp/deps/*.whl \
- && python /tmp/slim_torch.py /opt/lifeline \
- && rm -rf /tmp/deps /tmp/slim_torch.py /root/.cache
+RUN python3 -m venv /opt/lifeline \
+ && pip install --no-index --no-deps --no-compile -q /tmp/deps/*.whl \
+ && python /tmp/slim_torch.py /opt/lifeline
+
+FROM python
+COPY --from=deps /opt/lifeline /opt/lifeline
 COPY lifeline/ /tmp/lifeline/
 RUN pip install --no-index --no-deps --no-compile -q /tmp/lifeline/*.whl && rm -rf /tmp/lifeline /root/.cache
 USER 1000

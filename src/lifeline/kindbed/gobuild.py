@@ -44,11 +44,10 @@ def _build_kubernetes_node(go: str, c: devbuild.Component, out: Path, log) -> No
     src = devbuild.scratch_module("kubernetes", out)
     for b in c.binaries:
         pkg = f"k8s.io/kubernetes/cmd/{b}"
-        # kubelet and kube-proxy link cgo-free like upstream release builds (static; they run in
-        # the node image and in a Debian-based image); kubeadm and kubectl likewise.
+        # Same flags and cgo setting as the dev cluster's control plane (they run on Debian's
+        # glibc in the node and component images): Go's build cache is shared with that build.
         devbuild.run_go([go, "build", "-p", "2", "-trimpath", "-ldflags", devbuild.k8s_ldflags(),
-                         "-o", str(out / b), pkg], cwd=src, env={"CGO_ENABLED": "0"}, log=log,
-                        what=f"{b} {c.version}")
+                         "-o", str(out / b), pkg], cwd=src, env=None, log=log, what=f"{b} {c.version}")
     shutil.rmtree(src)
 
 

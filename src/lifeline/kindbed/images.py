@@ -100,16 +100,24 @@ def ensure_base() -> str:
 
 
 def _pins(repo: Path) -> list[str]:
-    """``name==version`` of every dependency of the package, as pip resolves them for this Python."""
-    key = hashlib.sha256((repo / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    """``name==version`` of every dependency of the package, as pip resolves them for this Python.
+
+    Constrained to the versions installed in the running environment (``pip freeze``), so the image
+    runs the torch (and everything else) that ``lifeline run`` on this machine runs: the e2e tests
+    compare the two bit for bit.
+    """
+    freeze = _run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], "pip freeze").stdout
+    freeze = "\n".join(line for line in freeze.splitlines() if "==" in line and " @ " not in line)
+    key = hashlib.sha256((repo / "pyproject.toml").read_bytes() + freeze.encode()).hexdigest()[:12]
     cached = devbuild.cache_root() / "wheels" / f"pins-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
+        report, constraints = Path(tmp) / "report.json", Path(tmp) / "constraints.txt"
+        constraints.write_text(freeze + "\n")
         _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-              "--report", str(report), str(repo)], "pip resolve")
+              "-c", str(constraints), "--report", str(report), str(repo)], "pip resolve")
         items = json.loads(report.read_text())["install"]
     pins = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
                   if i["metadata"]["name"].lower() != "lifeline"
