@@ -2,9 +2,9 @@
 # trainer). Python 3.11 from Debian bookworm, torch for CPU, the package. It builds without PyPI
 # (pip reads only the context: --no-index; apt fetches python3 from Debian) from a context that
 # `lifeline kind build lifeline` assembles:
-#   deps/      the wheels of every dependency, pinned by pip's resolution of pyproject.toml
-#              (downloaded once into ~/.cache/lifeline/wheels), torch's CUDA runtime trimmed
-#              to the libraries it links against (see slim_torch.py and docs/kind.md)
+#   deps/      the wheels of every dependency, pinned by pip's resolution of pyproject.toml at
+#              the test venv's versions (downloaded once into ~/.cache/lifeline/wheels); torch's
+#              CUDA runtime is replaced by link stubs (slim_torch.py, docs/kind.md)
 #   lifeline/  the wheel of this package
 #   slim_torch.py
 # BASE is the Debian image built by debootstrap (`lifeline kind build base`).
@@ -18,6 +18,7 @@ ENV PATH=/opt/lifeline/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 # The dependencies, installed in a stage of their own: the wheels never reach the final image.
 FROM python AS deps
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends gcc binutils
 COPY deps/ /tmp/deps/
 COPY slim_torch.py /tmp/slim_torch.py
 RUN python3 -m venv /opt/lifeline \

@@ -194,19 +194,17 @@ def ensure_services() -> dict[str, str]:
     """The chart's in-cluster Redis and MinIO images; returns ``{"redis": tag, "minio": tag}``."""
     base = ensure_base()
 
-    def build(target: str, ref: str, files: dict[str, Path]):
+    def build(dockerfile: str, ref: str, files: dict[str, Path]):
         def run() -> None:
-            with tempfile.TemporaryDirectory(prefix="lifeline-svc-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="lifeline-svc-", dir=devbuild.cache_root()) as tmp:
                 for name, src in files.items():
-                    os.link(src, Path(tmp) / name) if os.stat(src).st_dev == os.stat(tmp).st_dev \
-                        else shutil.copy(src, Path(tmp) / name)
-                shutil.copy(_DOCKERFILES / "service.Dockerfile", Path(tmp) / "Dockerfile")
-                proc = docker("build", "--target", target, "--build-arg", f"BASE={base}",
-                              "-t", ref, tmp, check=False)
+                    shutil.copy2(src, Path(tmp) / name)
+                shutil.copy(_DOCKERFILES / dockerfile, Path(tmp) / "Dockerfile")
+                proc = docker("build", "--build-arg", f"BASE={base}", "-t", ref, tmp, check=False)
                 if proc.returncode != 0:
                     raise BuildError(f"docker build {ref} failed:\n{(proc.stdout + proc.stderr)[-4000:]}", key=ref)
         return run
 
     minio = devbuild.ensure("minio") / "minio"
-    return {"redis": _timed(REDIS_IMAGE, build("redis", REDIS_IMAGE, {})),
-            "minio": _timed(MINIO_IMAGE, build("minio", MINIO_IMAGE, {"minio": minio}))}
+    return {"redis": _timed(REDIS_IMAGE, build("redis.Dockerfile", REDIS_IMAGE, {})),
+            "minio": _timed(MINIO_IMAGE, build("minio.Dockerfile", MINIO_IMAGE, {"minio": minio}))}

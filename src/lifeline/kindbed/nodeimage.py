@@ -5,7 +5,7 @@ Layers, each cached (an image whose tag exists is reused; ``-rN`` is the recipe 
 1. ``lifeline.local/kind-node-base:bookworm-r1``: the Debian base plus systemd, containerd
    1.6, runc 1.1 and the CNI plugins from Debian, and our entrypoint, containerd config and
    kubelet units (``node/``).
-2. Component images (``lifeline.local/<name>:<version>``): kube-apiserver,
+2. Component images (``lifeline.local/<name>:<version>``, ``dockerfiles/``): kube-apiserver,
    kube-controller-manager, kube-scheduler (the dev cluster's v1.32.13 builds), kube-proxy
    (v1.32.13), etcd (v3.5.35), CoreDNS (v1.11.3) and pause (3.10), all built from source.
 3. ``lifeline.local/kind-node:v1.32.13-rN``: (1) with kubeadm, kubelet and kubectl in
@@ -32,8 +32,8 @@ from lifeline.kindbed.images import ensure_base
 __all__ = ["NODE_IMAGE", "NODE_BASE_IMAGE", "REPO", "component_images", "ensure_node_image"]
 
 REPO = "lifeline.local"
-NODE_BASE_IMAGE = f"{REPO}/kind-node-base:bookworm-r2"
-NODE_IMAGE = f"{REPO}/kind-node:{devbuild.KUBERNETES_VERSION}-r1"
+NODE_BASE_IMAGE = f"{REPO}/kind-node-base:bookworm-r4"
+NODE_IMAGE = f"{REPO}/kind-node:{devbuild.KUBERNETES_VERSION}-r3"
 _HERE = Path(__file__).parent
 
 
@@ -41,7 +41,7 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _build(ref: str, dockerfile: Path, files: dict[str, Path], *, target: str | None = None) -> str:
+def _build(ref: str, dockerfile: Path, files: dict[str, Path]) -> str:
     """``docker build`` of ``dockerfile`` with ``files`` (name in context -> source) unless ``ref`` exists."""
     if image_id(ref):
         return ref
@@ -52,8 +52,7 @@ def _build(ref: str, dockerfile: Path, files: dict[str, Path], *, target: str | 
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
         shutil.copy(dockerfile, Path(tmp) / "Dockerfile")
-        args = ["build", "--build-arg", f"BASE={ensure_base()}", "-t", ref]
-        proc = docker(*args, *(["--target", target] if target else []), tmp, check=False)
+        proc = docker("build", "--build-arg", f"BASE={ensure_base()}", "-t", ref, tmp, check=False)
     if proc.returncode != 0:
         raise BuildError(f"docker build {ref} failed:\n{(proc.stdout + proc.stderr)[-4000:]}", key=ref)
     _log(f"[kind] built {ref} in {time.monotonic() - t0:.0f}s")
@@ -64,16 +63,15 @@ def component_images(*, log=None) -> list[str]:
     """Build (or find) the image of every cluster component; returns their references."""
     bins = gobuild.ensure_all(log=log)
     pause = devbuild.ensure(gobuild.PAUSE, log=log)
-    df = _HERE / "dockerfiles" / "component.Dockerfile"
+    df = _HERE / "dockerfiles"
     k8s, node, v = bins["kubernetes"], bins["kubernetes-node"], devbuild.KUBERNETES_VERSION
-    refs = [_build(f"{REPO}/{b}:{v}", df, {f"bin/{b}": k8s / b}, target="plain")
+    refs = [_build(f"{REPO}/{b}:{v}", df / "bin.Dockerfile", {f"bin/{b}": k8s / b})
             for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")]
-    refs.append(_build(f"{REPO}/kube-proxy:{v}", df, {"bin/kube-proxy": node / "kube-proxy"}, target="kube-proxy"))
-    refs.append(_build(f"{REPO}/etcd:{devbuild.ETCD_VERSION}", df, {"bin/etcd": bins["etcd"] / "etcd"},
-                       target="plain"))
-    refs.append(_build(f"{REPO}/coredns:{gobuild.COREDNS_VERSION}", df, {"bin/coredns": bins["coredns"] / "coredns"},
-                       target="coredns"))
-    refs.append(_build(f"{REPO}/pause:{gobuild.PAUSE_VERSION}", df, {"bin/pause": pause / "pause"}, target="pause"))
+    refs.append(_build(f"{REPO}/kube-proxy:{v}", df / "kube-proxy.Dockerfile", {"bin/kube-proxy": node / "kube-proxy"}))
+    refs.append(_build(f"{REPO}/etcd:{devbuild.ETCD_VERSION}", df / "bin.Dockerfile", {"bin/etcd": bins["etcd"] / "etcd"}))
+    refs.append(_build(f"{REPO}/coredns:{gobuild.COREDNS_VERSION}", df / "coredns.Dockerfile",
+                       {"bin/coredns": bins["coredns"] / "coredns"}))
+    refs.append(_build(f"{REPO}/pause:{gobuild.PAUSE_VERSION}", df / "pause.Dockerfile", {"bin/pause": pause / "pause"}))
     return refs
 
 
