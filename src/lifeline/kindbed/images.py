@@ -42,6 +42,8 @@ DEBIAN_MIRROR = os.environ.get("LIFELINE_DEBIAN_MIRROR", "http://deb.debian.org/
 BASE_IMAGE = "lifeline.local/debian:bookworm-r1"
 LIFELINE_IMAGE = "lifeline:dev"
 REDIS_IMAGE = "lifeline.local/redis:7.0-bookworm-r1"
+IMAGE_PYTHON = "3.11.2"
+"""Debian bookworm's python3, the Lifeline image's interpreter (markers are evaluated for it)."""
 MINIO_IMAGE = f"lifeline.local/minio:{devbuild.MINIO_VERSION}-r2"
 _DOCKERFILES = Path(__file__).parent / "dockerfiles"
 # Wheels left out of the image: triton compiles GPU kernels, cuda-* are CUDA's Python bindings.
@@ -109,21 +111,52 @@ def _pins(repo: Path) -> list[str]:
     freeze = _run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], "pip freeze").stdout
     freeze = "\n".join(line for line in freeze.splitlines() if "==" in line and " @ " not in line)
     key = hashlib.sha256((repo / "pyproject.toml").read_bytes() + freeze.encode()).hexdigest()[:12]
-    cached = devbuild.cache_root() / "wheels" / f"pins-{key}.json"
+    cached = devbuild.cache_root() / "wheels" / f"pins-{key}-py{IMAGE_PYTHON}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        report, constraints = Path(tmp) / "report.json", Path(tmp) / "constraints.txt"
+        constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(freeze + "\n")
-        _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-              "-c", str(constraints), "--report", str(report), str(repo)], "pip resolve")
-        items = json.loads(report.read_text())["install"]
+
+        def resolve(*reqs: str) -> list[dict]:
+            report = Path(tmp) / "report.json"
+            _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                  "-c", str(constraints), "--report", str(report), *reqs], "pip resolve")
+            return json.loads(report.read_text())["install"]
+
+        items = resolve(str(repo))
+        # pip evaluated markers for this interpreter; the image runs Debian's. Add what only the
+        # image's Python needs (e.g. redis-py wants async-timeout below Python 3.11.3).
+        for _ in range(3):
+            missing = _needed_by_image_python(items)
+            if not missing:
+                break
+            items += resolve(*missing)
     pins = sorted(f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items
                   if i["metadata"]["name"].lower() != "lifeline"
                   and not _DROP.match(i["metadata"]["name"].lower()))
     cached.write_text(json.dumps(pins, indent=0))
     return pins
+
+
+def _needed_by_image_python(items: list[dict]) -> list[str]:
+    """Requirements (without markers) of resolved ``items`` that the image's Python needs and that
+    are not resolved yet: markers evaluated for :data:`IMAGE_PYTHON` instead of this interpreter."""
+    from pip._vendor.packaging.markers import default_environment
+    from pip._vendor.packaging.requirements import Requirement
+
+    env = {**default_environment(), "python_full_version": IMAGE_PYTHON,
+           "python_version": ".".join(IMAGE_PYTHON.split(".")[:2]), "extra": ""}
+    have = {_norm(i["metadata"]["name"]) for i in items}
+    out = []
+    for i in items:
+        for spec in i["metadata"].get("requires_dist") or []:
+            req = Requirement(spec)
+            if req.marker is not None and req.marker.evaluate(env) and _norm(req.name) not in have:
+                out.append(f"{req.name}{req.specifier}")
+                have.add(_norm(req.name))
+    return out
 
 
 def _norm(name: str) -> str:
