@@ -10,6 +10,8 @@
 # BASE is the Debian image built by debootstrap (`lifeline kind build base`).
 ARG BASE
 FROM ${BASE} AS python
+# every stage carries it: `lifeline kind build` removes the untagged stages it leaves behind
+LABEL dev.lifeline.image=lifeline
 RUN apt-get update -q \
  && apt-get install -y -q --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
@@ -27,6 +29,8 @@ RUN python3 -m venv /opt/lifeline \
 
 FROM python
 COPY --from=deps /opt/lifeline /opt/lifeline
+# the chart runs the operator as uid 65532: kopf names itself after the user (getpass.getuser())
+RUN useradd --uid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nonroot
 COPY lifeline/ /tmp/lifeline/
 RUN pip install --no-index --no-deps --no-compile -q /tmp/lifeline/*.whl && rm -rf /tmp/lifeline /root/.cache
 USER 1000

@@ -36,6 +36,14 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _containerd_name(ref: str) -> str:
+    """A docker image reference as containerd names it (``lifeline:dev`` -> ``docker.io/library/lifeline:dev``)."""
+    first = ref.split("/", 1)[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"docker.io/{ref}" if "/" in ref else f"docker.io/library/{ref}"
+
+
 class KindCluster:
     """A kind cluster named ``name`` whose files (kubeconfig, the docker wrapper) live in ``state_dir``.
 
@@ -140,9 +148,37 @@ class KindCluster:
                      timeout=timeout + 30)
 
     def load(self, *images: str, nodes: list[str] | None = None) -> None:
-        """``kind load docker-image`` of local images into the nodes' containerd (default: the workers)."""
-        nodes = nodes if nodes is not None else self.workers()
-        self.kind("load", "docker-image", "--name", self.name, "--nodes", ",".join(nodes), *images)
+        """Load local images into the nodes' containerd (default: the workers), as ``kind load
+        docker-image`` does but streamed (``docker save | ctr images import``, no temporary tar),
+        and drop what a reloaded tag replaced: every name of the old image (its ``sha256:<id>``
+        alias included), so containerd collects its layers (a Lifeline image is 1.7 GB a node).
+        (``--compress-blobs`` would keep another 1 GB less per worker; measured here under load it
+        made a load of three workers take 17.5 min instead of ~2.)
+
+        Raises:
+            ClusterError: ``docker save`` or the import on a node failed.
+        """
+        wanted = [_containerd_name(i) for i in images]
+        for node in nodes if nodes is not None else self.workers():
+            before = self._node_images(node)
+            save = subprocess.Popen([docker_bin(), "save", *images], stdout=subprocess.PIPE)
+            imp = subprocess.run([docker_bin(), "exec", "-i", node, "ctr", "--namespace=k8s.io", "images", "import",
+                                  "--snapshotter=overlayfs", "-"], stdin=save.stdout, capture_output=True, text=True)
+            save.stdout.close()
+            if save.wait() != 0 or imp.returncode != 0:
+                raise ClusterError(f"loading {' '.join(images)} into {node} failed: {imp.stderr[-2000:]}", key=node)
+            after = self._node_images(node)
+            replaced = {before[w] for w in wanted if w in before and before[w] != after.get(w)}
+            stale = [name for name, digest in after.items() if digest in replaced]
+            if stale:
+                docker("exec", node, "ctr", "--namespace=k8s.io", "images", "rm", *stale)
+            _log(f"[kind] {node}: loaded {' '.join(images)}" + (f" (dropped {len(stale)} old names)" if stale else ""))
+
+    @staticmethod
+    def _node_images(node: str) -> dict[str, str]:
+        """Image name -> manifest digest in a node's containerd (namespace k8s.io)."""
+        out = docker("exec", node, "ctr", "--namespace=k8s.io", "images", "ls").stdout.splitlines()[1:]
+        return {cols[0]: cols[2] for cols in (line.split() for line in out) if len(cols) >= 3}
 
     def down(self) -> None:
         """Delete the cluster's node containers and network state (``kind delete cluster``)."""

@@ -219,6 +219,8 @@ def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
                              key=LIFELINE_IMAGE)
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
+    # the deps stage (wheels included) and the image this build replaced, now untagged: GBs each
+    docker("image", "prune", "--force", "--filter", "label=dev.lifeline.image=lifeline", check=False)
     _log(f"[kind] {LIFELINE_IMAGE} ready in {time.monotonic() - t0:.0f}s")
     return LIFELINE_IMAGE
 

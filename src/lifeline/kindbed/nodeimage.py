@@ -32,8 +32,8 @@ from lifeline.kindbed.images import ensure_base
 __all__ = ["NODE_IMAGE", "NODE_BASE_IMAGE", "REPO", "component_images", "ensure_node_image"]
 
 REPO = "lifeline.local"
-NODE_BASE_IMAGE = f"{REPO}/kind-node-base:bookworm-r4"
-NODE_IMAGE = f"{REPO}/kind-node:{devbuild.KUBERNETES_VERSION}-r3"
+NODE_BASE_IMAGE = f"{REPO}/kind-node-base:bookworm-r5"
+NODE_IMAGE = f"{REPO}/kind-node:{devbuild.KUBERNETES_VERSION}-r6"
 _HERE = Path(__file__).parent
 
 
