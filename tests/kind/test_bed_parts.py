@@ -81,3 +81,18 @@ def test_kind_config_names_the_node_image_built_here():
     cfg = yaml.safe_load((ROOT / "kind-config.yaml").read_text())
     assert {n["image"] for n in cfg["nodes"]} == {NODE_IMAGE}
     assert [n["role"] for n in cfg["nodes"]] == ["control-plane", "worker", "worker", "worker"]
+
+
+def test_a_component_with_its_own_builder_uses_the_dev_cluster_cache(tmp_path, monkeypatch):
+    """pause (gcc of the Kubernetes module's pause.c) goes through lifeline.devcluster.build: a
+    versioned entry with its .complete marker, reused on the second call."""
+    from lifeline.devcluster import build
+    from lifeline.kindbed import gobuild
+
+    monkeypatch.setenv("LIFELINE_CACHE", str(tmp_path))
+    d = build.ensure(gobuild.PAUSE, log=lambda _: None)
+    assert d == tmp_path / "bin" / "pause-3.10" and build.is_complete(gobuild.PAUSE)
+    out = subprocess.run([str(d / "pause"), "-v"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "pause.c v3.10"
+    lines: list[str] = []
+    assert build.ensure(gobuild.PAUSE, log=lines.append) == d and lines == []  # cached: nothing rebuilt
