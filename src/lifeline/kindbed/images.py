@@ -196,14 +196,32 @@ def build_context_wheels(repo: Path, dest: Path) -> None:
     shutil.rmtree(src)
 
 
+def _source_key(repo: Path) -> str:
+    """SHA-256 (16 hex) of what the Lifeline image is built from: the package's files, pyproject.toml,
+    README.md, the Dockerfile, slim_torch.py and the dependency pins."""
+    h = hashlib.sha256()
+    files = sorted(p for p in (repo / "src").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and not p.name.endswith((".pyc", ".egg-info")) and ".egg-info" not in str(p))
+    for p in [*files, repo / "pyproject.toml", repo / "README.md", repo / "Dockerfile", _DOCKERFILES / "slim_torch.py"]:
+        h.update(str(p.relative_to(repo) if p.is_relative_to(repo) else p.name).encode() + b"\0" + p.read_bytes())
+    h.update(json.dumps(_pins(repo)).encode())
+    return h.hexdigest()[:16]
+
+
 def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
     """Build the Lifeline image from the checkout at ``repo`` (layers reused by Docker's cache).
 
-    With ``rebuild`` (default) the package layer is rebuilt from the current source every call;
-    without it an existing ``lifeline:dev`` is kept. Returns the tag. Raises BuildError.
+    With ``rebuild`` (default) the image is rebuilt unless it carries the label
+    ``dev.lifeline.source`` of exactly the current sources (:func:`_source_key`); without it an
+    existing ``lifeline:dev`` is kept. Returns the tag. Raises BuildError.
     """
     if not rebuild and image_id(LIFELINE_IMAGE):
         return LIFELINE_IMAGE
+    source = _source_key(repo)
+    got = docker("image", "inspect", "--format", '{{ index .Config.Labels "dev.lifeline.source" }}',
+                 LIFELINE_IMAGE, check=False)
+    if got.returncode == 0 and got.stdout.strip() == source:
+        return LIFELINE_IMAGE  # built from exactly these sources, pins and recipe
     base = ensure_base()
     t0 = time.monotonic()
     ctx = Path(tempfile.mkdtemp(prefix="lifeline-image-", dir=devbuild.cache_root()))
@@ -212,8 +230,8 @@ def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
         shutil.copy(repo / "Dockerfile", ctx / "Dockerfile")
         shutil.copy(_DOCKERFILES / "slim_torch.py", ctx / "slim_torch.py")
         # The lifeline wheel's bytes change with every build (timestamps); its layer is the last one.
-        proc = docker("build", "--build-arg", f"BASE={base}", "-t", LIFELINE_IMAGE,
-                      str(ctx), check=False)
+        proc = docker("build", "--build-arg", f"BASE={base}", "--label", f"dev.lifeline.source={source}",
+                      "-t", LIFELINE_IMAGE, str(ctx), check=False)
         if proc.returncode != 0:
             raise BuildError(f"docker build {LIFELINE_IMAGE} failed:\n{(proc.stdout + proc.stderr)[-4000:]}",
                              key=LIFELINE_IMAGE)
