@@ -18,7 +18,8 @@ Reported (seconds unless named otherwise):
 
 * ``startup``: helm install → operator Ready; apply → every rank's pod created (the operator's
   reaction); apply → the first step in ``status.step``.
-* ``node_kill``: kill → node not Ready in the API; kill → the job ``Recovering`` (failure
+* ``node_kill`` (the node of rank 1, or of the first rank whose node runs neither the in-cluster
+  Redis nor MinIO): kill → node not Ready in the API; kill → the job ``Recovering`` (failure
   detected and a plan committed); kill → every rank on a healthy node; kill → training resumed
   (the replacing recovery closed and ``status.step`` past its ``fromStep``); and the operator's
   own ``status.recoveries`` records.
@@ -138,13 +139,19 @@ def _run(dc: Any, install: Any, metrics: Any, body: dict, name: str, kill_after_
 
     wait_for(lambda: (status().get("completeStep") or 0) >= kill_after_step, 300,
              f"a complete checkpoint at step {kill_after_step}", poll)
-    victim = next(p.spec.node_name for p in job_pods() if p.metadata.labels.get("lifeline.dev/rank") == "1")
+    # rank 1's node, or the first rank's node that runs neither the in-cluster Redis nor MinIO (the
+    # catalog dies with Redis's node and the operator then gives the job up: docs/kind.md findings)
+    services = {p.spec.node_name for comp in ("redis", "minio") for p in core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"app.kubernetes.io/component={comp}").items}
+    ranked = sorted(job_pods(), key=lambda p: (p.metadata.labels.get("lifeline.dev/rank") != "1", p.metadata.name))
+    victim = next(p.spec.node_name for p in ranked if p.spec.node_name not in services)
+    lost = {int(p.metadata.labels["lifeline.dev/rank"]) for p in ranked if p.spec.node_name == victim}
     step_at_kill = status().get("step")
     t_kill = time.monotonic()
     dc.kill_node(victim)
-    kill: dict[str, Any] = {"victim": victim, "step_at_kill": step_at_kill}
+    kill: dict[str, Any] = {"victim": victim, "lost_ranks": sorted(lost), "step_at_kill": step_at_kill}
     try:
-        marks = _follow_recovery(core, status, job_pods, victim, world, t_kill, poll)
+        marks = _follow_recovery(core, status, job_pods, victim, lost, world, t_kill, poll)
         kill.update(marks)
         views = {"get_tj": dc.kubectl("get", "tj", "-n", NAMESPACE),
                  "get_pods": dc.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide"),
@@ -165,8 +172,8 @@ def _run(dc: Any, install: Any, metrics: Any, body: dict, name: str, kill_after_
             "kubectl": {k: v.rstrip("\n").splitlines() for k, v in views.items()}}
 
 
-def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, world: int, t_kill: float,
-                     poll: float) -> dict[str, Any]:
+def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, lost: set[int], world: int,
+                     t_kill: float, poll: float) -> dict[str, Any]:
     """Timestamps (seconds after the kill) of each stage of the recovery, by polling."""
     marks: dict[str, Any] = {}
     deadline = time.monotonic() + 600
@@ -181,7 +188,7 @@ def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, world: 
             pods = job_pods()
             if len(pods) == world and all(p.spec.node_name not in (None, victim) for p in pods):
                 marks["on_healthy_nodes"] = now
-        replacing = [r for r in st.get("recoveries") or [] if 1 in r.get("ranks", [])
+        replacing = [r for r in st.get("recoveries") or [] if lost & set(r.get("ranks", []))
                      and r.get("kind") in ("ReplacePods", "Rollback", "Reshard")]
         if replacing and replacing[-1].get("seconds") is not None and (st.get("step") or 0) > (
                 replacing[-1].get("fromStep") or 0):
