@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,8 +55,10 @@ def kind_bed(work: Path, namespace: str, release: str) -> Iterator[tuple[Any, An
             chart.install(cluster, ROOT / "helm" / "lifeline", release=release, namespace=namespace)
 
         def metrics(pod: Any, port: int) -> str:
-            with cluster.port_forward(namespace, f"pod/{pod.metadata.name}", port) as local:
-                return urllib.request.urlopen(f"http://127.0.0.1:{local}/metrics", timeout=10).read().decode()
+            # through the apiserver's pod proxy: the operator binds /metrics to its pod IP only, which
+            # a port-forward (it dials the pod's loopback) cannot reach
+            return cluster.kubectl("get", "--raw",
+                                   f"/api/v1/namespaces/{namespace}/pods/{pod.metadata.name}:{port}/proxy/metrics")
 
         yield cluster, install, metrics, node_lifecycle(config)
     finally:
