@@ -87,6 +87,7 @@ def _register() -> None:
     from lifeline.checkpoint.cli import app as ckpt_app
     from lifeline.devcluster.cli import app as devcluster_app
     from lifeline.devcluster.cli import node_app
+    from lifeline.kindbed.cli import app as kind_app
     from lifeline.launch.cli import register as register_launch
     from lifeline.models.cli import densify_command, trainer_command
     from lifeline.operator.cli import operator_command
@@ -98,6 +99,8 @@ def _register() -> None:
                   rich_help_panel=USER_PANEL)
     app.add_typer(bench_app, name="bench", help="Benchmarks: one JSON object per run.", rich_help_panel=USER_PANEL)
     app.add_typer(devcluster_app, name="devcluster", help="A real Kubernetes control plane with process nodes.",
+                  rich_help_panel=USER_PANEL)
+    app.add_typer(kind_app, name="kind", help="The kind test bed: node and service images built here, kind from source.",
                   rich_help_panel=USER_PANEL)
     app.command("sidecar", help="The checkpoint sidecar (software DPU).", rich_help_panel=ROLE_PANEL)(sidecar_command)
     app.command("trainer", help="Run a reference trainer under the Lifeline runtime.",

@@ -166,6 +166,9 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
     ("bench-recovery-fail-step", ["bench", "recovery", "--steps", "10", "--fail-step", "12"], {}, ["--fail-step"], {}),
     ("bench-recovery-steps", ["bench", "recovery", "--steps", "0"], {}, ["--steps"], {}),
     ("bench-operator-steps", ["bench", "operator", "--steps", "0"], {}, ["--steps"], {}),
+    ("bench-operator-cluster", ["bench", "operator", "--cluster", "minikube"], {}, ["--cluster", "kind or dev"], {}),
+    # --- kind
+    ("kind-build-unknown", ["kind", "build", "everything"], {}, ["everything", "base, services, lifeline, node"], {}),
     ("bench-crash-trials", ["bench", "crash", "--trials-s3", "-1"], {}, ["--trials-s3"], {}),
     ("bench-crash-no-trials", ["bench", "crash", "--trials", "0"], {}, ["--trials"], {}),
     ("bench-state-dir-file", ["bench", "recovery", "--state-dir", "f"], {"f": "x"}, ["--state-dir"], {}),

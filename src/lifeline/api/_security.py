@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 RUN_AS_USER = 1000
-"""uid (and gid) of the image's ``lifeline`` user (operator/Dockerfile: ``USER 1000``)."""
+"""uid (and gid) of the image's ``lifeline`` user (the Dockerfile at the repository root: ``USER 1000``)."""
 TMP_VOLUME = "lifeline-tmp"
 TMP_MOUNT = "/tmp"
 

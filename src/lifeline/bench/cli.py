@@ -106,17 +106,21 @@ def operator_command(
     steps: int = typer.Option(60, "--steps", help="spec.steps of the TrainingJob."),
     kill_after_step: int = typer.Option(10, "--kill-after-step", help="Kill rank 1's node once this step is complete."),
     poll: float = typer.Option(0.1, "--poll", help="Seconds between API reads (timestamp resolution)."),
-    state_dir: str = _state_dir("Dev cluster state directory (default: a new temp dir)."),
+    cluster: str = typer.Option("kind", "--cluster", help="kind (real kubelets, images built here) or dev "
+                                "(process nodes)."),
+    state_dir: str = _state_dir("Cluster state directory (default: a new temp dir)."),
 ) -> None:
-    """The operator on a real dev cluster: a node killed mid-run; detection, replacement, resume, reconcile latency."""
+    """The operator on a real cluster: a node killed mid-run; detection, replacement, resume, reconcile latency."""
     import json
 
-    _check((steps < 2, "--steps", f"must be >= 2, got {steps}"),
+    _check((cluster not in ("kind", "dev"), "--cluster", f"must be kind or dev, got {cluster!r}"),
+           (steps < 2, "--steps", f"must be >= 2, got {steps}"),
            (not 1 <= kill_after_step < steps, "--kill-after-step", f"must be in [1, --steps), got {kill_after_step}"),
            (not poll > 0, "--poll", f"must be > 0 seconds, got {poll:g}"), state_dir=state_dir)
     from lifeline.bench.operator import run
 
-    typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=state_dir, poll=poll), indent=1))
+    typer.echo(json.dumps(run(steps=steps, kill_after_step=kill_after_step, workdir=state_dir, poll=poll,
+                              cluster=cluster), indent=1))
 
 
 @app.command("moe")

@@ -1,16 +1,25 @@
-"""``lifeline bench operator``: a TrainingJob on a real (dev) cluster, one node killed mid-run.
+"""``lifeline bench operator``: a TrainingJob on a real cluster, one node killed mid-run.
 
-The run: start a dev cluster (``lifeline.devcluster``: kube-apiserver, etcd, controllers,
-scheduler, 3 process nodes, Redis, MinIO), ``helm install`` the chart with the cluster's Redis
-and MinIO, ``kubectl apply`` the TrainingJob, wait for a complete checkpoint, kill the node of
-rank 1 and follow the recovery through the API server until training has resumed and the job
-has succeeded. Timestamps are taken by polling the API every ``poll`` seconds (their resolution).
+Two beds (``cluster``):
+
+* ``kind`` (default): a kind cluster (``lifeline.kindbed``: 1 control plane + 3 workers, real
+  kubelets and containerd, images built here); the chart with its in-cluster Redis and MinIO;
+  the node is killed with ``docker kill`` of its container. Node lifecycle settings (reported
+  under ``node_lifecycle``) are kind-config.yaml's.
+* ``dev``: the dev cluster (``lifeline.devcluster``: 3 process nodes, loopback Redis and MinIO);
+  the node is killed by SIGKILL of its agent and pods.
+
+The run: ``helm install`` the chart, ``kubectl apply`` the TrainingJob, wait for a complete
+checkpoint, kill the node of rank 1 and follow the recovery through the API server until
+training has resumed and the job has succeeded. Timestamps are taken by polling the API every
+``poll`` seconds (their resolution).
 
 Reported (seconds unless named otherwise):
 
 * ``startup``: helm install → operator Ready; apply → every rank's pod created (the operator's
   reaction); apply → the first step in ``status.step``.
-* ``node_kill``: kill → node not Ready in the API; kill → the job ``Recovering`` (failure
+* ``node_kill`` (the node of rank 1, or of the first rank whose node runs neither the in-cluster
+  Redis nor MinIO): kill → node not Ready in the API; kill → the job ``Recovering`` (failure
   detected and a plan committed); kill → every rank on a healthy node; kill → training resumed
   (the replacing recovery closed and ``status.step`` past its ``fromStep``); and the operator's
   own ``status.recoveries`` records.
@@ -41,7 +50,7 @@ RELEASE = "ll"
 
 
 def run(*, steps: int = 60, kill_after_step: int = 10, workdir: str | None = None, poll: float = 0.1,
-        chart: str | None = None, job_file: str | None = None) -> dict[str, Any]:
+        chart: str | None = None, job_file: str | None = None, cluster: str = "kind") -> dict[str, Any]:
     """Run the benchmark; returns one JSON-ready dict (see the module docstring).
 
     Args:
@@ -51,35 +60,61 @@ def run(*, steps: int = 60, kill_after_step: int = 10, workdir: str | None = Non
         poll: seconds between API reads (the resolution of every timestamp).
         chart, job_file: the chart directory and TrainingJob YAML (default: this checkout's
             ``helm/lifeline`` and ``examples/gpt-moe.yaml``).
+        cluster: ``kind`` or ``dev`` (see the module docstring).
 
     Raises:
         lifeline.errors.ClusterError: the dev cluster cannot start (binaries: ``lifeline devcluster build``).
         TimeoutError: a phase did not happen in time (the message names it).
     """
-    from lifeline.devcluster import DevCluster
-
     work = Path(workdir or tempfile.mkdtemp(prefix="lifeline-bench-operator-"))
     chart_dir = Path(chart) if chart else ROOT / "helm" / "lifeline"
     body = yaml.safe_load(Path(job_file or ROOT / "examples" / "gpt-moe.yaml").read_text())
     body["spec"]["steps"] = steps
     name = body["metadata"]["name"]
-    cluster = DevCluster.up(work / "devcluster", nodes=3, ports="auto")
+    if cluster == "kind":
+        from lifeline.bench._kind import kind_bed
+
+        with kind_bed(work, NAMESPACE, RELEASE) as (bed, install, metrics, lifecycle):
+            return _run(bed, install, metrics, body, name, kill_after_step, poll) | {
+                "cluster": "kind", "node_lifecycle": lifecycle, "workdir": str(work)}
+    from lifeline.devcluster import DevCluster
+
+    dc = DevCluster.up(work / "devcluster", nodes=3, ports="auto")
     try:
-        return _run(cluster, chart_dir, body, name, kill_after_step, poll) | {"workdir": str(work)}
+        return _run(dc, lambda: _install_dev(dc, chart_dir), _direct_metrics, body, name, kill_after_step,
+                    poll) | {"cluster": "dev", "workdir": str(work)}
     finally:
-        cluster.down()
+        dc.down()
 
 
-def _run(dc: Any, chart_dir: Path, body: dict, name: str, kill_after_step: int, poll: float) -> dict[str, Any]:
-    from kubernetes import client, config
+def _install_dev(dc: Any, chart_dir: Path) -> None:
+    """The chart on the dev cluster, with its loopback Redis and MinIO."""
     from minio import Minio
 
-    api_client = config.new_client_from_config(str(dc.kubeconfig))
-    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
     s3 = Minio(dc.minio_endpoint, dc.minio_access_key, dc.minio_secret_key, secure=False)
     if not s3.bucket_exists("lifeline"):
         s3.make_bucket("lifeline")
     dc.create_namespace(NAMESPACE)
+    dc.helm("install", RELEASE, str(chart_dir), "--namespace", NAMESPACE,
+            "--set", f"redis.external.url={dc.redis_url}",
+            "--set", f"objectStorage.external.endpoint={dc.minio_endpoint}",
+            "--set", f"objectStorage.accessKey={dc.minio_access_key}",
+            "--set", f"objectStorage.secretKey={dc.minio_secret_key}",
+            "--set", "operator.metricsService.enabled=false")  # Endpoints refuse loopback pod IPs
+
+
+def _direct_metrics(operator_pod: Any, port: int) -> str:
+    """The operator's /metrics text, fetched at its pod IP (reachable from the dev cluster's host)."""
+    url = f"http://{operator_pod.status.pod_ip}:{port}/metrics"
+    return urllib.request.urlopen(url, timeout=10).read().decode()
+
+
+def _run(dc: Any, install: Any, metrics: Any, body: dict, name: str, kill_after_step: int,
+         poll: float) -> dict[str, Any]:
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(str(dc.kubeconfig))
+    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
 
     def status() -> dict[str, Any]:
         return custom.get_namespaced_custom_object("lifeline.dev", "v1alpha1", NAMESPACE, "trainingjobs",
@@ -90,12 +125,7 @@ def _run(dc: Any, chart_dir: Path, body: dict, name: str, kill_after_step: int, 
                 if p.metadata.deletion_timestamp is None]
 
     t = time.monotonic()
-    dc.helm("install", RELEASE, str(chart_dir), "--namespace", NAMESPACE,
-            "--set", f"redis.external.url={dc.redis_url}",
-            "--set", f"objectStorage.external.endpoint={dc.minio_endpoint}",
-            "--set", f"objectStorage.accessKey={dc.minio_access_key}",
-            "--set", f"objectStorage.secretKey={dc.minio_secret_key}",
-            "--set", "operator.metricsService.enabled=false")  # Endpoints refuse loopback pod IPs
+    install()
     wait_for(lambda: _ready_operator(core), 180, "the operator pod to be Ready", poll)
     startup: dict[str, float] = {"helm_install_to_operator_ready": _since(t)}
 
@@ -109,13 +139,19 @@ def _run(dc: Any, chart_dir: Path, body: dict, name: str, kill_after_step: int, 
 
     wait_for(lambda: (status().get("completeStep") or 0) >= kill_after_step, 300,
              f"a complete checkpoint at step {kill_after_step}", poll)
-    victim = next(p.spec.node_name for p in job_pods() if p.metadata.labels.get("lifeline.dev/rank") == "1")
+    # rank 1's node, or the first rank's node that runs neither the in-cluster Redis nor MinIO (the
+    # catalog dies with Redis's node and the operator then gives the job up: docs/kind.md findings)
+    services = {p.spec.node_name for comp in ("redis", "minio") for p in core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"app.kubernetes.io/component={comp}").items}
+    ranked = sorted(job_pods(), key=lambda p: (p.metadata.labels.get("lifeline.dev/rank") != "1", p.metadata.name))
+    victim = next(p.spec.node_name for p in ranked if p.spec.node_name not in services)
+    lost = {int(p.metadata.labels["lifeline.dev/rank"]) for p in ranked if p.spec.node_name == victim}
     step_at_kill = status().get("step")
     t_kill = time.monotonic()
     dc.kill_node(victim)
-    kill: dict[str, Any] = {"victim": victim, "step_at_kill": step_at_kill}
+    kill: dict[str, Any] = {"victim": victim, "lost_ranks": sorted(lost), "step_at_kill": step_at_kill}
     try:
-        marks = _follow_recovery(core, status, job_pods, victim, world, t_kill, poll)
+        marks = _follow_recovery(core, status, job_pods, victim, lost, world, t_kill, poll)
         kill.update(marks)
         views = {"get_tj": dc.kubectl("get", "tj", "-n", NAMESPACE),
                  "get_pods": dc.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide"),
@@ -126,16 +162,18 @@ def _run(dc: Any, chart_dir: Path, body: dict, name: str, kill_after_step: int, 
         kill["recoveries"] = final.get("recoveries") or []
         views["get_tj_final"] = dc.kubectl("get", "tj", "-n", NAMESPACE)
         # the operator pod now serving (a new one when the killed node hosted the first)
-        reconcile = _reconcile_histogram(wait_for(lambda: _ready_operator(core), 120, "a Ready operator", poll))
+        reconcile = _reconcile_histogram(wait_for(lambda: _ready_operator(core), 120, "a Ready operator", poll),
+                                         metrics)
     finally:
-        dc.start_node(victim)
+        if hasattr(dc, "start_node"):
+            dc.start_node(victim)
     return {"bench": "operator", "job": name, "steps": body["spec"]["steps"], "layout": body["spec"]["layout"],
             "poll_seconds": poll, "startup": startup, "node_kill": kill, "reconcile": reconcile,
             "kubectl": {k: v.rstrip("\n").splitlines() for k, v in views.items()}}
 
 
-def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, world: int, t_kill: float,
-                     poll: float) -> dict[str, Any]:
+def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, lost: set[int], world: int,
+                     t_kill: float, poll: float) -> dict[str, Any]:
     """Timestamps (seconds after the kill) of each stage of the recovery, by polling."""
     marks: dict[str, Any] = {}
     deadline = time.monotonic() + 600
@@ -150,7 +188,7 @@ def _follow_recovery(core: Any, status: Any, job_pods: Any, victim: str, world: 
             pods = job_pods()
             if len(pods) == world and all(p.spec.node_name not in (None, victim) for p in pods):
                 marks["on_healthy_nodes"] = now
-        replacing = [r for r in st.get("recoveries") or [] if 1 in r.get("ranks", [])
+        replacing = [r for r in st.get("recoveries") or [] if lost & set(r.get("ranks", []))
                      and r.get("kind") in ("ReplacePods", "Rollback", "Reshard")]
         if replacing and replacing[-1].get("seconds") is not None and (st.get("step") or 0) > (
                 replacing[-1].get("fromStep") or 0):
@@ -174,12 +212,12 @@ def _node_ready(core: Any, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-def _reconcile_histogram(operator_pod: Any) -> dict[str, Any]:
-    """Scrape ``lifeline_operator_reconcile_seconds`` from the operator pod's /metrics."""
+def _reconcile_histogram(operator_pod: Any, metrics: Any) -> dict[str, Any]:
+    """Scrape ``lifeline_operator_reconcile_seconds`` from the operator pod's /metrics (``metrics(pod, port)``)."""
     port = next((p.container_port for c in operator_pod.spec.containers for p in c.ports or []
                  if p.name == "metrics"), 8080)
-    url = f"http://{operator_pod.status.pod_ip}:{port}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    url = f"pod/{operator_pod.metadata.name}:{port}/metrics"
+    text = metrics(operator_pod, port)
     buckets: list[tuple[float, float]] = []
     total = count = 0.0
     for line in text.splitlines():

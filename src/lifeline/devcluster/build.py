@@ -36,7 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeline.errors import BuildError
@@ -50,6 +51,10 @@ __all__ = [
     "ensure",
     "binary",
     "build_all",
+    "go_toolchain",
+    "run_go",
+    "k8s_ldflags",
+    "scratch_module",
 ]
 
 _GO_DIR = Path(__file__).parent / "go"
@@ -64,11 +69,16 @@ class Component:
         name: cache key and CLI name (``etcd``, ``kubernetes``, ``helm``, ``minio``).
         version: the upstream version built (a semver tag or a Go pseudo-version).
         binaries: executable file names the entry holds.
+        builder: ``builder(go, component, out_dir, log)`` writing the binaries into ``out_dir``;
+            ``None`` for the dev cluster's own components (built by this module). Test beds
+            built on this cache (``lifeline.kindbed``) pass their own.
     """
 
     name: str
     version: str
     binaries: tuple[str, ...]
+    builder: Callable[[str, "Component", Path, Callable[[str], None]], None] | None = field(
+        default=None, compare=False, repr=False)
 
 
 KUBERNETES_VERSION = "v1.32.13"
@@ -166,7 +176,7 @@ def ensure(component: Component | str, *, log=None) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
         try:
             t0 = time.monotonic()
-            _BUILDERS[component.name](go, component, staging, log)
+            (component.builder or _BUILDERS[component.name])(go, component, staging, log)
             seconds = time.monotonic() - t0
             for b in component.binaries:
                 if not (staging / b).is_file():
@@ -195,6 +205,26 @@ def build_all(*, log=None) -> dict[str, Path]:
 
 
 _GO_FALLBACKS = ("/usr/local/go/bin/go",)
+
+
+def go_toolchain() -> str:
+    """Path of the ``go`` command (PATH, then /usr/local/go/bin). Raises BuildError when there is none."""
+    return _go()
+
+
+def run_go(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None, log, what: str) -> None:
+    """Run one Go build command (``GOFLAGS=-buildvcs=false``); BuildError with the output's tail on failure."""
+    _run(cmd, cwd=cwd, env=env, log=log, what=what)
+
+
+def k8s_ldflags() -> str:
+    """``-ldflags`` stamping Kubernetes binaries with :data:`KUBERNETES_VERSION` (as its release does)."""
+    return _k8s_ldflags()
+
+
+def scratch_module(name: str, dest: Path) -> Path:
+    """Copy the packaged scratch Go module ``go/<name>`` into ``dest`` (writable); returns its directory."""
+    return _scratch_module(name, dest)
 
 
 def _go() -> str:
