@@ -65,9 +65,10 @@ def test_a_trainer_crash_in_the_middle_stage_replays_that_stage_alone(reference,
     assert (rec["action"], rec["tier"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", "L0", 4, [1])
     assert _restored_ranks(tmp_path, 1) == {1}, "only the failed stage may restore"
     assert {e["rank"] for e in _events(tmp_path, "keep", 1)} == {0, 2}
-    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == [5, 6, 7]
+    assert rec["from_step"] in (7, 8), "the kill lands at step 7 (or one later under load)"
+    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == list(range(5, rec["from_step"] + 1))
     (done,) = _events(tmp_path, "replayed", 1)
-    assert done["rank"] == 1 and done["steps"] == 3 and done["log_bytes"] > 0
+    assert done["rank"] == 1 and done["steps"] == rec["from_step"] - 4 and done["log_bytes"] > 0
     assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"
 
 
@@ -150,7 +151,9 @@ def test_a_crash_with_sparse_checkpoints_restores_the_window_and_replays_it_in_m
     assert (rec["action"], rec["restore_step"], rec["ranks"]) == ("LocalizedReplay", 6, [1])
     (restore,) = _events(tmp_path, "restore", 1)
     assert restore["rank"] == 1 and restore["source"] == "window" and restore["window"] == 3
-    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == [7, 8, 9, 10]
+    # the kill lands once the catalog shows step 10; under load rank 1 may have finished one more
+    assert rec["from_step"] in (10, 11), rec
+    assert sorted(e["step"] for e in _events(tmp_path, "replay", 1)) == list(range(7, rec["from_step"] + 1))
     steps = [e for e in _events(tmp_path, "step", 0) if e["rank"] == 1]
     # every step from the first window start on captures a slot (window 0 has no slot 0: none of it)
     assert steps and all((0 < e["slot_bytes"]) == (e["step"] >= 3) for e in steps), "every step captures a slot"

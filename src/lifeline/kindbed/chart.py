@@ -70,10 +70,25 @@ def make_bucket(cluster: KindCluster, namespace: str, release: str, bucket: str)
         "name": "mkbucket", "image": LIFELINE_IMAGE, "command": ["python", "-c", script],
         "env": [{"name": "AK", "valueFrom": {"secretKeyRef": {"name": secret, "key": "access-key"}}},
                 {"name": "SK", "valueFrom": {"secretKeyRef": {"name": secret, "key": "secret-key"}}}]}]}}
-    out = cluster.kubectl("run", "mkbucket", "-n", namespace, "--image", LIFELINE_IMAGE, "--restart=Never",
-                          "--rm", "--attach", "--quiet", "--overrides", json.dumps(spec), timeout=180)
-    if "bucket ok" not in out:
-        raise ClusterError(f"creating bucket {bucket} in {full}-minio failed: {out[-2000:]}", key=bucket)
+    last = ""
+    for attempt in range(3):  # a Ready MinIO can still refuse the first connection through a new ClusterIP
+        name = f"mkbucket-{attempt}"
+        cluster.kubectl("run", name, "-n", namespace, "--image", LIFELINE_IMAGE, "--restart=Never",
+                        "--overrides", json.dumps(spec))
+        try:
+            wait_for(lambda: _phase(cluster, namespace, name) in ("Succeeded", "Failed"), 180,
+                     f"pod {name} to finish", 1.0)
+            last = cluster.kubectl("logs", "-n", namespace, name, check=False)
+        finally:
+            cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+        if "bucket ok" in last:
+            return
+    raise ClusterError(f"creating bucket {bucket} in {full}-minio failed 3 times; last output: {last[-2000:]}",
+                       key=bucket)
+
+
+def _phase(cluster: KindCluster, namespace: str, pod: str) -> str:
+    return cluster.kubectl("get", "pod", "-n", namespace, pod, "-o", "jsonpath={.status.phase}", check=False)
 
 
 def uninstall(cluster: KindCluster, *, release: str = "lifeline", namespace: str = "lifeline") -> None:
