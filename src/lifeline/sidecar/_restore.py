@@ -104,7 +104,10 @@ class Restorer:
         if self.storage is not None:
             try:
                 return self._into_slot(step, rank, meta, "L2", lambda v: self._from_storage(step, rank, v)), "L2"
-            except (StorageError, ChecksumError, SidecarError) as err:
+            except ChecksumError as err:  # reported; forgotten so that the next plan picks another copy
+                errors.append(f"L2: {err}")
+                self.link.call(catalog.remove_holding, step, rank, "L2", None)
+            except (StorageError, SidecarError) as err:
                 errors.append(f"L2: {err}")
         raise RecoveryError(f"no verified copy of step {step} rank {rank}: {'; '.join(errors) or 'no holders'}",
                             job=self.job, rank=rank, step=step)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from lifeline.catalog import SidecarRegistration
 from lifeline.checkpoint import ShardMetadata, Storage, blob_key, commit
 from lifeline.errors import AuthError, CatalogError, ChecksumError, ManifestError, PeerError, StorageError
+from lifeline.sidecar import _format
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
@@ -181,6 +182,12 @@ class Persister:
 
     def _one(self, h: Holding) -> None:
         t0 = time.perf_counter()
+        try:  # a copy corrupted in memory since it was sealed must not become a committed L2 checkpoint
+            _format.verify(h.meta, h.buf[: h.nbytes], rank=h.rank, step=h.step, tier="L0")
+        except ChecksumError as err:
+            self.link.report_corrupt(err, "L0", f"local@{self.link.rank} before persisting")
+            self.memory.store.remove(h)  # forgotten in the catalog too; this step is not persisted
+            return
         self.put(blob_key(self.prefix, self.job, h.step, h.rank), h.buf[: h.nbytes])
         self.metrics.persisted_bytes.inc(h.nbytes)
         log.info("persisted step %d rank %d", h.step, h.rank, extra={
