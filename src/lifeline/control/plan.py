@@ -120,7 +120,7 @@ def plan_recovery(
     wait = f"; ranks {unplaced} wait for a node with room" if unplaced else ""
     everyone = tuple(range(world))
 
-    def plan(action: RecoveryAction, step: int, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
+    def plan(action: RecoveryAction, step: int | None, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
              why: str, replay_to: int | None = None) -> RecoveryPlan:
         return RecoveryPlan(
             action=action, restore_step=step, layout=state.layout, node_of_rank=node_of_rank,
@@ -174,7 +174,10 @@ def plan_recovery(
         return plan(RecoveryAction.ROLLBACK, any_step, any_src, everyone,
                     f"memory tiers do not cover every rank; all ranks roll back to step {any_step}, the latest "
                     f"step every shard has a verified copy of (farthest tier {_farthest(any_src)})")
-    return give_up("no step has a verified copy of every shard in any tier (L0, L1, L2)")
+    # the initial state is the one copy nothing can corrupt: a seeded trainer computes it again
+    return plan(RecoveryAction.ROLLBACK, None, {}, everyone,
+                "no step has a verified copy of every shard in any tier (L0, L1, L2): all ranks start over "
+                "from the initial state")
 
 
 def _farthest(sources: dict[int, RestoreSource]) -> Tier:

@@ -18,7 +18,10 @@ from lifeline.errors import LifelineError
 from lifeline.launch import _flip
 from lifeline.launch.inject import Injection
 
-__all__ = ["FiredFault", "Faults"]
+__all__ = ["FiredFault", "Faults", "SETTLE_SECONDS"]
+
+SETTLE_SECONDS = 1.5
+"""A ``flip`` waits at most this long, after killing, for the rank's last save to be sealed and filed."""
 
 
 @dataclass
@@ -137,13 +140,27 @@ class Faults:
                 yield step, meta, found[0], found[1]
 
     def _flip_l0(self, inj: Injection, rec: FiredFault) -> None:
-        for step, meta, path, _ in self._own_copies(inj.rank):
+        self._kill(inj, rec)  # first: its restart in place reads L0; the save in flight is sealed meanwhile
+        self._settle(inj.rank)
+        for step, meta, path, _ in self._own_copies(inj.rank):  # every copy: the plan picks which it reads
             _flip.flip_file(path, _flip.flip_offset(meta))
             rec.copies.append({"step": step, "rank": inj.rank, "tier": "L0", "holder": inj.rank, "where": path.name})
-            break
-        else:
+        if not rec.copies:
             rec.note = f"no L0 copy of rank {inj.rank} found in its arena"
-        self._kill(inj, rec)  # its restart in place reads L0
+
+    def _settle(self, rank: int, quiet: float = 0.2, limit: float = SETTLE_SECONDS) -> None:
+        """Wait until the steps with ``rank``'s metadata in the catalog did not change for ``quiet``
+        seconds (a save handed over before the kill is sealed and filed), at most ``limit``."""
+        cat = self.sup.catalog
+        deadline = time.monotonic() + limit
+        seen, since = None, time.monotonic()
+        while time.monotonic() < deadline:
+            now = tuple(s for s in cat.steps()[-4:] if cat.meta(s, rank) is not None)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
+            time.sleep(0.02)
 
     def _l1_holders(self, step: int, rank: int) -> list[int]:
         return sorted(h.holder for h in self.sup.catalog.holders(step, rank)
@@ -151,9 +168,12 @@ class Faults:
 
     def _flip_l1(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup
+        self._kill(inj, rec, node=True)  # first, so that no newer replica lands after the flip; its
+        self._settle(inj.rank)           # arena stays until its replacement runs
         for step, meta, _, blob in self._own_copies(inj.rank):
-            holders = self._l1_holders(step, inj.rank)
-            for k in holders:
+            named = self._l1_holders(step, inj.rank)
+            others = [k for k in sorted(sup.pods) if k != inj.rank and k not in named]
+            for k in named + others:  # the catalog's holders first; its record may lag the copy
                 pod = sup.pods.get(k)
                 pid = pod.pids().get("sidecar") if pod is not None else None
                 if pid is None:
@@ -162,11 +182,12 @@ class Faults:
                 if n:
                     rec.copies.append({"step": step, "rank": inj.rank, "tier": "L1", "holder": k,
                                        "where": f"sidecar of rank {k} (pid {pid}), {n} match(es)"})
-            if rec.copies:
+                    if k in named:
+                        break
+            if rec.copies:  # the newest replicated step: the one the replacement restores
                 break
         if not rec.copies:
             rec.note = f"no L1 copy of rank {inj.rank} found in a peer's memory"
-        self._kill(inj, rec, node=True)  # its replacement reads L1
 
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup

@@ -58,14 +58,30 @@ def await_l2_step(storage: Storage, prefix: str, job: str, step: int, timeout: f
         time.sleep(0.05)
 
 
+def _time_lost(recoveries: list[Any]) -> float:
+    """Seconds from each fault to training past the step reached, once per chain of recoveries (a
+    recovery that starts before the previous one caught up — a failure during a recovery, a restore
+    that failed — continues its chain: the chain loses from its first fault to its last catch-up)."""
+    total, first, end = 0.0, None, None
+    for r in recoveries:
+        if first is None or end is not None:  # a new chain: the previous one caught up (or none)
+            if first is not None and end is not None:
+                total += end - first
+            first = r.fault_at
+        end = r.caught_up_at
+    if first is not None and end is not None:
+        total += end - first
+    return max(0.0, total)
+
+
 def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, Any] | None) -> dict[str, Any]:
     """The run's summary as a JSON-ready dict.
 
     Fields: ``job``, ``phase``, ``steps`` (target), ``step`` (reached), ``layout``,
     ``generation``, ``restarts``, ``wall_seconds`` (the caller's: building dependencies left out),
     ``step_seconds`` (median step time of the trainers), ``recovery_seconds`` (sum over recoveries:
-    the fault → every rank trained again, detection included), ``time_lost_seconds`` (sum over
-    recoveries: the fault → training past the step reached, detection and rework included),
+    the fault → every rank trained again, detection included), ``time_lost_seconds`` (sum over chains
+    of recoveries: the fault → training past the step reached, detection and rework included),
     ``lost_seconds`` (wall time not spent on kept steps: recovery, redone steps, start-up),
     ``ettr`` (:func:`lifeline.control.ettr`: kept step time over wall time),
     ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``faults`` (each injection that
@@ -79,7 +95,7 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
     step_seconds = statistics.median(steps_run) if steps_run else None
     stall = sum(sup.stall_seconds.values()) / max(1, sup.layout.world_size)
     recovery = sum(r.seconds or 0.0 for r in snap.recoveries)
-    time_lost = sum(r.to_same_step_seconds or 0.0 for r in snap.recoveries)
+    time_lost = _time_lost(snap.recoveries)
     kept = snap.step - (sup.resumed_from or 0)
     ratio = breakdown = None
     if step_seconds and wall_seconds > 0 and kept > 0:

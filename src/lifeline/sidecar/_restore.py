@@ -101,6 +101,9 @@ class Restorer:
                 self._drop_corrupt(k, step, rank)
             except (PeerError, SidecarError) as err:
                 errors.append(f"rank {k}: {err}")
+                if getattr(err, "missing", False):  # the catalog was wrong (a holder's earlier incarnation)
+                    for tier in ("L0", "L1"):
+                        self.link.call(catalog.remove_holding, step, rank, tier, k)
         if self.storage is not None:
             try:
                 return self._into_slot(step, rank, meta, "L2", lambda v: self._from_storage(step, rank, v)), "L2"

@@ -244,11 +244,15 @@ class Heartbeat:
     def _resync(self, rank: int) -> None:
         catalog = self.link.catalog
         steps = set()
-        items = self.memory.store.items()
+        items = [h for h in self.memory.store.items() if h.kind == "shard"]
         for h in items:
-            if h.kind == "shard":
+            catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
+            steps.add(h.step)
+        # what an earlier incarnation of this rank's sidecar recorded died with it (a lost node)
+        stale = catalog.drop_stale(rank, [(h.step, h.rank, h.tier) for h in items])
+        for h in self.memory.store.items():  # a copy filed meanwhile was just dropped too: file it again
+            if h.kind == "shard" and h not in items:
                 catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
-                steps.add(h.step)
         for step in sorted(steps):
             self.link.seen_complete(catalog.try_advance(step, self.link.required_tier))
-        log.info("catalog (re)registered %d holdings", len(items))
+        log.info("catalog (re)registered %d holdings, dropped %d stale ones", len(items), stale)
