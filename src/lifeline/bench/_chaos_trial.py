@@ -24,7 +24,7 @@ REPORT_POLL_SECONDS = 0.5
 
 
 def run_trial(doc: dict, trial: TrialSpec, state_dir: Path, *, persist_uri: str | None, timeout: float,
-              extra_env: dict[str, str] | None = None, spares_per_node: int = 1) -> dict[str, Any]:
+              extra_env: dict[str, str] | None = None, spares_per_node: int = 0) -> dict[str, Any]:
     """Run ``doc`` (a TrainingJob document) with ``trial``'s injections; returns the summary of
     ``lifeline run`` plus ``audit``, ``corruption_reports``, ``step_samples`` and ``error`` (an
     exception that ended the run, ``None`` if none)."""

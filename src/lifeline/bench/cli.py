@@ -184,6 +184,8 @@ def chaos_command(
     bed: str = typer.Option("local", "--bed", help="local (lifeline run) or devcluster (the process-node "
                             "Kubernetes dev cluster, with operator kills)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
+    spares_per_node: int = typer.Option(0, "--spares-per-node", help="lifeline run's pre-warmed spares per node "
+                                        "(default 0: every restart is a fresh process)."),
     reference: bool = typer.Option(True, "--reference/--no-reference", help="Run the failure-free reference "
                                    "(the digest check needs it)."),
     state_dir: str = _state_dir("Directory for the trials (default: a new temp dir; failed trials are kept)."),
@@ -206,7 +208,7 @@ def chaos_command(
            (not drawn or any(f not in FAULTS for f in drawn), "--faults",
             f"must name faults among {', '.join(FAULTS)}, got {faults!r}"),
            (bed not in ("local", "devcluster"), "--bed", f"must be local or devcluster, got {bed!r}"),
-           state_dir=state_dir)
+           (spares_per_node < 0, "--spares-per-node", f"must be >= 0, got {spares_per_node}"), state_dir=state_dir)
     if bed == "devcluster":
         from lifeline.bench.chaos_cluster import run as run_cluster
 
@@ -216,4 +218,4 @@ def chaos_command(
 
     typer.echo(json.dumps(run(trials=trials, seed=seed, steps=steps, persist_every=persist_every, pipeline=pipeline,
                               data=data, max_faults=max_faults, faults=drawn, workdir=state_dir, keep=keep,
-                              reference=reference), indent=1))
+                              reference=reference, spares_per_node=spares_per_node), indent=1))
