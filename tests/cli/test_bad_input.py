@@ -135,6 +135,12 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
      ["--inject-failure", "rank 9"], {}),
     ("inject-missing-step", ["run", "j.yaml", "--inject-failure", "trainer:rank=1"], {"j.yaml": GOOD},
      ["--inject-failure", "step"], {}),
+    ("inject-flip-no-tier", ["run", "j.yaml", "--inject-failure", "flip:rank=1:step=2"], {"j.yaml": GOOD},
+     ["--inject-failure", "missing tier"], {}),
+    ("inject-redis-rank", ["run", "j.yaml", "--inject-failure", "redis:rank=1:step=2"], {"j.yaml": GOOD},
+     ["--inject-failure", "leave out rank"], {}),
+    ("inject-minio-without-minio", ["run", "j.yaml", "--inject-failure", "minio:step=2"], {"j.yaml": GOOD},
+     ["--inject-failure", "starts no MinIO"], {}),
     ("spares-per-node-negative", ["run", "j.yaml", "--spares-per-node", "-1"], {"j.yaml": GOOD},
      ["--spares-per-node"], {}),
     ("standby-negative", ["run", "j.yaml", "--standby-nodes", "-1"], {"j.yaml": GOOD}, ["--standby-nodes"], {}),
@@ -166,6 +172,10 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
     ("bench-operator-steps", ["bench", "operator", "--steps", "0"], {}, ["--steps"], {}),
     ("bench-crash-trials", ["bench", "crash", "--trials-s3", "-1"], {}, ["--trials-s3"], {}),
     ("bench-crash-no-trials", ["bench", "crash", "--trials", "0"], {}, ["--trials"], {}),
+    ("bench-chaos-trials", ["bench", "chaos", "--trials", "0"], {}, ["--trials"], {}),
+    ("bench-chaos-steps", ["bench", "chaos", "--steps", "10", "--persist-every", "4"], {}, ["--steps", "multiple"], {}),
+    ("bench-chaos-faults", ["bench", "chaos", "--faults", "trainer,disk"], {}, ["--faults", "disk"], {}),
+    ("bench-chaos-bed", ["bench", "chaos", "--bed", "kind"], {}, ["--bed"], {}),
     ("bench-state-dir-file", ["bench", "recovery", "--state-dir", "f"], {"f": "x"}, ["--state-dir"], {}),
 ]
 

@@ -100,11 +100,10 @@ def verdict(summary: dict[str, Any], reference: dict[str, Any] | None) -> list[s
     if regressions:
         out.append(f"the latest complete step moved backwards: {regressions[:3]}")
     audit = summary.get("audit")
-    if summary.get("phase") == "Succeeded":
-        if not audit or audit.get("error"):
-            out.append(f"the tiers could not be audited: {(audit or {}).get('error', 'no audit ran')}")
-        elif audit["torn"]:
-            out.append(f"torn copies visible: {audit['torn'][:3]}")
+    if audit and not audit.get("error") and audit["torn"]:
+        out.append(f"torn copies visible: {audit['torn'][:3]}")
+    elif summary.get("phase") == "Succeeded" and (not audit or audit.get("error")):
+        out.append(f"the tiers could not be audited: {(audit or {}).get('error', 'no audit ran')}")
     copies = [c for f in summary.get("faults", []) for c in f["copies"]]
     outcome = corruption_outcomes(copies, summary.get("corruption_reports", []),
                                   (audit or {}).get("flipped_visible", []))
