@@ -28,17 +28,25 @@ def report_key(step: Any, rank: Any, tier: Any) -> tuple[int, int, str]:
     return int(step), int(rank), str(tier)
 
 
-def reports_in_logs(log_dir: Path) -> list[dict[str, Any]]:
+def reports_in_logs(logs: Path | list[Path], *, job: str | None = None) -> list[dict[str, Any]]:
     """Corruption reports the sidecars logged (``corrupt copy detected and not used``), each with its
-    ``step``, ``rank``, ``tier``, ``by`` (the logging rank) and ``message``."""
+    ``step``, ``rank``, ``tier``, ``by`` (the logging rank) and ``message``.
+
+    Args:
+        logs: a run's log directory (its ``rank-*-sidecar.log`` files are read) or the log files.
+        job: only lines of this job (``None``: every line).
+    """
+    files = sorted(Path(logs).glob("rank-*-sidecar.log")) if isinstance(logs, Path) else logs
     out = []
-    for path in sorted(Path(log_dir).glob("rank-*-sidecar.log")):
+    for path in files:
         for line in path.read_text(errors="replace").splitlines():
             if "corrupt copy detected" not in line:
                 continue
             try:
                 doc = json.loads(line)
             except ValueError:
+                continue
+            if job is not None and doc.get("job") != job:
                 continue
             msg = str(doc.get("message", ""))
             ctx = dict(part.split("=", 1) for part in msg.rsplit("(", 1)[-1].rstrip(")").split(", ") if "=" in part)

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from lifeline.launch.inject import Injection
 
-__all__ = ["FAULTS", "PROCESS_FAULTS", "DURING_RECOVERY", "TrialSpec", "schedule", "fault_name"]
+__all__ = ["FAULTS", "CLUSTER_FAULTS", "PROCESS_FAULTS", "DURING_RECOVERY", "TrialSpec", "schedule", "fault_name"]
 
 FAULTS = ("trainer", "sidecar", "node", "hang", "redis", "minio", "flip:L0", "flip:L1", "flip:L2")
 """The faults drawn (``flip:T``: a flipped byte in a copy at tier ``T``)."""
+CLUSTER_FAULTS = FAULTS + ("operator",)
+"""The cluster test bed adds killing the operator (its pod force-deleted; the Deployment starts another)."""
 PROCESS_FAULTS = ("trainer", "sidecar", "node", "hang")
 """Faults that may be armed to fire during a recovery."""
 DURING_RECOVERY = 0.4
@@ -69,11 +71,11 @@ def schedule(seed: int, *, world_size: int, steps: int, persist_every: int, max_
             step = max(step, persist_every + 1)
         if base == "minio":
             out.append(Injection("minio", 0, step, seconds=float(rng.randint(2, 5))))
-        elif base == "redis":
-            out.append(Injection("redis", 0, step))
+        elif base in ("redis", "operator"):
+            out.append(Injection(base, 0, step))
         else:
             out.append(Injection(base, rng.randrange(world_size), step, tier or None))
-    first = next((i for i in sorted(out, key=lambda i: i.step) if i.kind not in ("redis", "minio")), None)
+    first = next((i for i in sorted(out, key=lambda i: i.step) if i.kind not in ("redis", "minio", "operator")), None)
     if first is not None and rng.random() < DURING_RECOVERY:
         kind = rng.choice(PROCESS_FAULTS)
         out.append(Injection(kind, rng.randrange(world_size), first.step, when="recovery"))
