@@ -258,37 +258,35 @@ class DevCluster:
         os.kill(pid, signal.SIGCONT if thaw else signal.SIGSTOP)
 
     def kill_service(self, name: str) -> None:
-        """SIGKILL the cluster's ``redis`` or ``minio`` server (a crash; its data dir stays).
-        :meth:`start_service` brings it back. Raises ClusterError for another name."""
-        if name not in ("redis", "minio"):
-            raise ClusterError(f"unknown service {name!r}; the dev cluster runs redis and minio", key=name)
+        """SIGKILL the ``redis`` or ``minio`` server (its data dir stays). Raises ClusterError for another name."""
         self._store.load()
-        pid = self._state["pids"].get(name)
+        pid = self._state["pids"].get(self._service(name))
         if pid:
             _proc.kill_group(pid, signal.SIGKILL)
 
     def start_service(self, name: str) -> int:
-        """Start the cluster's ``redis`` (empty: it keeps no data) or ``minio`` (same data dir and
-        credentials) again on its port, once killed; returns the pid. Raises ClusterError when it is
-        running, another name, or it does not answer."""
+        """Start a killed ``redis`` (empty) or ``minio`` (same data, credentials) on its port; returns the
+        pid. Raises ClusterError when it runs, for another name, or when it does not answer."""
         from lifeline.devcluster.services import MinioServer, RedisServer
 
         self._store.load()
-        pid = self._state["pids"].get(name)
+        pid = self._state["pids"].get(self._service(name))
         if pid and _proc.alive(pid):
             raise ClusterError(f"{name} is already running (pid {pid})", key=name)
-        if name == "redis":
-            server = RedisServer(state_dir=self.state_dir / "redis", port=self.ports.redis)
-        elif name == "minio":
-            server = MinioServer(state_dir=self.state_dir / "minio", port=self.ports.minio,
-                                 access_key=self.minio_access_key, secret_key=self.minio_secret_key)
-        else:
-            raise ClusterError(f"unknown service {name!r}; the dev cluster runs redis and minio", key=name)
+        server = RedisServer(state_dir=self.state_dir / "redis", port=self.ports.redis) if name == "redis" else \
+            MinioServer(state_dir=self.state_dir / "minio", port=self.ports.minio,
+                        access_key=self.minio_access_key, secret_key=self.minio_secret_key)
         pid = server.start().detach()
         self._store.load()
         self._state["pids"][name] = pid
         self._store.save()
         return pid
+
+    @staticmethod
+    def _service(name: str) -> str:
+        if name not in ("redis", "minio"):
+            raise ClusterError(f"unknown service {name!r}; the dev cluster runs redis and minio", key=name)
+        return name
 
     def kill_container(self, pod: str, container: str | None = None, *, namespace: str = "default") -> None:
         """SIGKILL one container's process group (the node restarts it per the pod's restartPolicy).

@@ -74,6 +74,8 @@ class ServiceWatch:
         self.restarts: dict[str, int] = {}
         self._busy: set[str] = set()
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def tick(self) -> None:
         """Look at every server once: restart Redis (then repair the catalog); start MinIO's restart."""
@@ -86,13 +88,21 @@ class ServiceWatch:
                     continue
             if server.name == "redis":
                 self._restart_redis(server)
-            elif server.name == "minio":
+            elif server.name == "minio":  # in the background, after the outage: the rounds go on, and
+                with self._lock:              # the restart happens even if the run ends meanwhile
+                    self._busy.add(server.name)
                 until = self.sup.faults.minio_down_until if self.sup.faults is not None else None
-                if until is None or time.time() >= until:
-                    with self._lock:
-                        self._busy.add(server.name)
-                    threading.Thread(target=self._restart_minio, args=(server,), daemon=True,
-                                     name="minio-restart").start()
+                t = threading.Thread(target=self._restart_minio, args=(server, until), daemon=True,
+                                     name="minio-restart")
+                self._threads.append(t)
+                t.start()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Start no other restart (one waiting out an outage gives up) and let one under way finish
+        (at most ``timeout`` seconds), so that no server outlives the run."""
+        self._closed.set()
+        for t in self._threads:
+            t.join(timeout)
 
     def _restart_redis(self, server: Any) -> None:
         t0 = time.time()
@@ -105,9 +115,13 @@ class ServiceWatch:
         self.restarts["redis"] = self.restarts.get("redis", 0) + 1
         self.sup._event(f"Redis was down: restarted empty in {time.time() - t0:.2f} s; restored {', '.join(done)}")
 
-    def _restart_minio(self, server: Any) -> None:
+    def _restart_minio(self, server: Any, until: float | None) -> None:
+        if until is not None and self._closed.wait(max(0.0, until - time.time())):
+            return
         t0 = time.time()
         try:
+            if self._closed.is_set():
+                return
             server.restart()
             self.restarts["minio"] = self.restarts.get("minio", 0) + 1
             self.sup._event(f"MinIO was down: restarted in {time.time() - t0:.2f} s")

@@ -159,6 +159,7 @@ class Supervisor:
         """Stop every process and server this supervisor started (idempotent)."""
         if self.fleet is not None:
             self.fleet.close()
+        self.watch.close()  # a MinIO restart under way finishes before the servers stop
         self._waiter.close()
         if self.catalog is not None:
             try:
