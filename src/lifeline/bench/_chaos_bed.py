@@ -215,7 +215,10 @@ class ClusterBed:
         from lifeline.checkpoint import list_steps, read_manifest
 
         storage, prefix = self.storage()
-        steps = list_steps(storage, prefix, name)
+        deadline = time.monotonic() + 30.0  # a first checkpoint's upload may lag the step that made it due
+        while not (steps := list_steps(storage, prefix, name)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        rec.at = time.time()
         if steps:
             manifest = read_manifest(storage, prefix, name, max(steps))
             c = max((ref.chunk for t in manifest.tensors.values() for ref in t.chunks if ref.rank == inj.rank),

@@ -59,6 +59,17 @@ def job_doc(name: str, *, pipeline: int = 2, data: int = 1, steps: int = 12, per
     }
 
 
+def _write(path: Path, doc: dict) -> None:
+    """Write ``doc`` as JSON to ``path`` (a failed trial's record, beside its logs); never raises."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, default=str))
+    except OSError:
+        pass
+
+
 def _load() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -161,6 +172,7 @@ def run(*, trials: int = 50, seed: int = 0, steps: int = 12, persist_every: int 
         if reasons:
             failed.append({"seed": seed + i, "faults": spec.describe(), "reasons": reasons, "state_dir": str(state),
                            "replay": f"lifeline bench chaos --seed {seed + i} --trials 1"})
+            _write(state / "trial.json", {"reasons": reasons, "faults": spec.describe(), "summary": s})
         elif not keep:
             shutil.rmtree(state, ignore_errors=True)
     out.update({

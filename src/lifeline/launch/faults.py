@@ -18,10 +18,13 @@ from lifeline.errors import LifelineError
 from lifeline.launch import _flip
 from lifeline.launch.inject import Injection
 
-__all__ = ["FiredFault", "Faults", "SETTLE_SECONDS"]
+__all__ = ["FiredFault", "Faults", "SETTLE_SECONDS", "L2_WAIT_SECONDS"]
 
 SETTLE_SECONDS = 1.5
 """A ``flip`` waits at most this long, after killing, for the rank's last save to be sealed and filed."""
+L2_WAIT_SECONDS = 30.0
+"""A ``flip`` at L2 waits at most this long for a first checkpoint to be committed to L2 (the rounds
+pause meanwhile; training goes on)."""
 
 
 @dataclass
@@ -162,6 +165,16 @@ class Faults:
                 return
             time.sleep(0.02)
 
+    def _committed(self, found: tuple, limit: float) -> list[int]:
+        """The steps of the job committed to L2, waiting up to ``limit`` seconds for a first one (its
+        upload may lag the training step that made it due)."""
+        deadline = time.monotonic() + limit
+        while True:
+            steps = list_steps(found[0], found[1], self.sup.name)
+            if steps or time.monotonic() > deadline:
+                return steps
+            time.sleep(0.1)
+
     def _l1_holders(self, step: int, rank: int) -> list[int]:
         return sorted(h.holder for h in self.sup.catalog.holders(step, rank)
                       if h.tier == "L1" and h.holder is not None and h.holder != rank)
@@ -192,7 +205,8 @@ class Faults:
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup
         found = sup.services.storage()
-        steps = list_steps(found[0], found[1], sup.name) if found is not None else []
+        steps = self._committed(found, L2_WAIT_SECONDS) if found is not None else []
+        rec.at = time.time()  # the fault is the flip (after waiting for a checkpoint to flip)
         if not steps:
             rec.note = "no step committed to L2 yet"
         else:
