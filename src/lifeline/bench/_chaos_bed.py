@@ -216,20 +216,22 @@ class ClusterBed:
 
         storage, prefix = self.storage()
         deadline = time.monotonic() + 30.0  # a first checkpoint's upload may lag the step that made it due
-        while not (steps := list_steps(storage, prefix, name)) and time.monotonic() < deadline:
+        while not list_steps(storage, prefix, name) and time.monotonic() < deadline:
             time.sleep(0.2)
         rec.at = time.time()
+        holders = {h.holder for s in sorted(catalog.steps())[-3:] for h in catalog.holders(s, inj.rank)
+                   if h.tier == "L1" and h.holder is not None}
+        for rank in sorted({inj.rank} | holders):  # first: the checkpoint flipped is then the newest
+            if rank in pods:
+                self._lose_node(pods[rank].spec.node_name, rec)
+        time.sleep(1.0)  # a commit under way by a surviving sidecar lands first
+        steps = list_steps(storage, prefix, name)
         if steps:
             manifest = read_manifest(storage, prefix, name, max(steps))
             c = max((ref.chunk for t in manifest.tensors.values() for ref in t.chunks if ref.rank == inj.rank),
                     key=lambda c: (c.byte_length, -c.byte_offset))
             key = _flip.flip_stored(storage, prefix, name, max(steps), inj.rank, c.byte_offset + c.byte_length // 2)
             rec.copies.append({"step": max(steps), "rank": inj.rank, "tier": "L2", "holder": None, "where": key})
-        holders = {h.holder for s in sorted(catalog.steps())[-3:] for h in catalog.holders(s, inj.rank)
-                   if h.tier == "L1" and h.holder is not None}
-        for rank in sorted({inj.rank} | holders):
-            if rank in pods:
-                self._lose_node(pods[rank].spec.node_name, rec)
 
     # ------------------------------------------------------------------ storage and clean-up
     def storage(self) -> tuple[Any, str]:

@@ -205,6 +205,78 @@ class Faults:
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup
         found = sup.services.storage()
+        if found is None or not self._committed(found, L2_WAIT_SECONDS):
+            rec.note = "no step committed to L2"
+            return
+        rec.at = time.time()  # the fault starts here (after waiting for a checkpoint to flip)
+        # only L2 may hold the shard: the rank's node goes, and so do the nodes of its replicas; first,
+        # so that the checkpoint flipped below is the newest one, the one the rollback reads
+        newest = sorted(sup.catalog.steps(), reverse=True)[:3]
+        holders = sorted({k for s in newest for k in self._l1_holders(s, inj.rank)})
+        self._kill(inj, rec, node=True)
+        for k in holders:
+            self._kill(inj, rec, k, node=True)
+        storage, prefix = found
+        step = max(self._settled(found))
+        manifest = read_manifest(storage, prefix, sup.name, step)
+        chunks = [ref.chunk for t in manifest.tensors.values() for ref in t.chunks if ref.rank == inj.rank]
+        c = max(chunks, key=lambda c: (c.byte_length, -c.byte_offset))
+        key = _flip.flip_stored(storage, prefix, sup.name, step, inj.rank, c.byte_offset + c.byte_length // 2)
+        rec.copies.append({"step": step, "rank": inj.rank, "tier": "L2", "holder": None, "where": key})
+
+    def _settled(self, found: tuple, quiet: float = 0.5, limit: float = 5.0) -> list[int]:
+        """The committed steps once they did not change for ``quiet`` seconds (a commit under way when
+        the nodes went, by a surviving sidecar, lands first), at most ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        seen, since = None, time.monotonic()
+        while True:
+            steps = list_steps(found[0], found[1], self.sup.name)
+            if steps != seen:
+                seen, since = steps, time.monotonic()
+            if time.monotonic() - since >= quiet or time.monotonic() > deadline:
+                return steps
+            time.sleep(0.05)
+
+    def _committed(self, found: tuple, limit: float) -> list[int]:
+        """The steps of the job committed to L2, waiting up to ``limit`` seconds for a first one (its
+        upload may lag the training step that made it due)."""
+        deadline = time.monotonic() + limit
+        while True:
+            steps = list_steps(found[0], found[1], self.sup.name)
+            if steps or time.monotonic() > deadline:
+                return steps
+            time.sleep(0.1)
+
+    def _l1_holders(self, step: int, rank: int) -> list[int]:
+        return sorted(h.holder for h in self.sup.catalog.holders(step, rank)
+                      if h.tier == "L1" and h.holder is not None and h.holder != rank)
+
+    def _flip_l1(self, inj: Injection, rec: FiredFault) -> None:
+        sup = self.sup
+        self._kill(inj, rec, node=True)  # first, so that no newer replica lands after the flip; its
+        self._settle(inj.rank)           # arena stays until its replacement runs
+        for step, meta, _, blob in self._own_copies(inj.rank):
+            named = self._l1_holders(step, inj.rank)
+            others = [k for k in sorted(sup.pods) if k != inj.rank and k not in named]
+            for k in named + others:  # the catalog's holders first; its record may lag the copy
+                pod = sup.pods.get(k)
+                pid = pod.pids().get("sidecar") if pod is not None else None
+                if pid is None:
+                    continue
+                n = _flip.flip_in_process(pid, blob, _flip.flip_offset(meta))
+                if n:
+                    rec.copies.append({"step": step, "rank": inj.rank, "tier": "L1", "holder": k,
+                                       "where": f"sidecar of rank {k} (pid {pid}), {n} match(es)"})
+                    if k in named:
+                        break
+            if rec.copies:  # the newest replicated step: the one the replacement restores
+                break
+        if not rec.copies:
+            rec.note = f"no L1 copy of rank {inj.rank} found in a peer's memory"
+
+    def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
+        sup = self.sup
+        found = sup.services.storage()
         steps = self._committed(found, L2_WAIT_SECONDS) if found is not None else []
         rec.at = time.time()  # the fault is the flip (after waiting for a checkpoint to flip)
         if not steps:
