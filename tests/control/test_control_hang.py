@@ -1,5 +1,6 @@
 """The engine's hang rule (issue 15, honest accounting): no step progress for ``hangTimeoutSeconds`` is a
-HANG; while recovering, trainers the plan restarted that have not reported yet get the startup grace."""
+HANG; while recovering, trainers the plan restarted that have not reported yet get the startup grace,
+and past it a rank that runs and still says nothing is frozen: its pod is replaced."""
 
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ def test_recovering_trainers_still_starting_get_the_startup_grace():
     spec = _spec()
     record = Record(phase="Recovering", generation=1, acted_at=T)
     starting = _observed({0: T + 1, 1: T + 1, 2: T + 1, 3: T - 30}, 1)  # rank 3 restarted, not reported yet
-    assert not _hang(decide(spec, record, starting, now=T + 30))  # past hangTimeoutSeconds, within the grace
-    assert _hang(decide(spec, record, starting, now=T + 61))
+    assert not decide(spec, record, starting, now=T + 30).failures  # past hangTimeoutSeconds, within the grace
+    frozen = decide(spec, record, starting, now=T + 61)  # past the grace: rank 3 runs and says nothing
+    assert [(f.kind, f.ranks) for f in frozen.failures] == [(FailureKind.POD_LOST, (3,))]
+    assert frozen.plan is not None and [p.rank for p in frozen.plan.create_pods] == [3]
     everyone = _observed({r: T + 1 for r in range(4)}, 1)  # every rank spoke since the plan: the timeout holds
     assert not _hang(decide(spec, record, everyone, now=T + 8.9))
     assert _hang(decide(spec, record, everyone, now=T + 9.1))
