@@ -49,7 +49,7 @@ def _detected(s: dict, tier: str) -> None:
     assert copies, f"no {tier} copy was flipped"
     reported = {(r["step"], r["rank"], r["tier"]) for r in s["corruption_reports"]}
     assert any((c["step"], c["rank"], tier) in reported for c in copies), (copies, s["corruption_reports"])
-    assert s["corruption"]["visible_undetected"] == []
+    assert s["corruption"]["used"] == []
 
 
 def test_hang_is_found_by_the_engine_and_time_lost_counts_from_the_sigstop(tmp_path, reference):

@@ -79,23 +79,31 @@ def _summary(**over):
 def test_verdict_names_each_failed_check():
     ref = {"digest": {"sha256": "a"}}
     assert verdict(_summary(), ref) == []
-    flip = {"fault": "flip:rank=0:step=3:tier=L0", "kind": "flip", "copies": [{"step": 2, "rank": 0, "tier": "L0"}],
-            "note": "", "at": 1.0, "step": 3, "recovers": True, "tier": "L0"}
+    flip = {"fault": "flip:rank=0:step=3:tier=L1", "kind": "flip", "copies": [{"step": 2, "rank": 0, "tier": "L1"}],
+            "note": "", "at": 10.0, "step": 3, "recovers": True, "tier": "L1"}
     bad = verdict(_summary(phase="Failed", digest={"sha256": "b"}, complete_step={"regressions": [{"from": 3, "to": 1}]},
-                           audit={"torn": [{"step": 1}], "flipped_visible": [{"step": 2, "rank": 0, "tier": "L0"}],
-                                  "stale": [], "checked": {}}, faults=[flip]), ref)
+                           audit={"torn": [{"step": 1}], "flipped_visible": [], "stale": [], "checked": {}},
+                           faults=[flip], restores=[{"step": 2, "rank": 0, "tier": "L1", "at": 11.0}]), ref)
     text = " | ".join(bad)
-    for words in ("ended Failed", "differs", "moved backwards", "torn", "never detected"):
+    for words in ("ended Failed", "differs", "moved backwards", "torn", "restored without a report"):
         assert words in text, text
-    ok = _summary(faults=[flip], corruption_reports=[{"step": 2, "rank": 0, "tier": "L0"}])
+    ok = _summary(faults=[flip], corruption_reports=[{"step": 2, "rank": 0, "tier": "L1"}],
+                  restores=[{"step": 2, "rank": 0, "tier": "L1", "at": 9.0}])  # restored before the flip: fine
     assert verdict(ok, ref) == [] and ok["corruption"]["detected"] == 1
+    unread = _summary(faults=[flip], audit={"torn": [], "flipped_visible": [{"step": 2, "rank": 0, "tier": "L1"}],
+                                            "stale": [], "checked": {}})
+    assert verdict(unread, ref) == [] and unread["corruption"]["visible_unread"] == 1
+    nothing = dict(flip, copies=[], note="no L1 copy")
+    assert any("corrupted no copy" in r for r in verdict(_summary(faults=[nothing]), ref))
+    assert verdict(_summary(faults=[dict(nothing, ineffective=True)]), ref) == []
 
 
-def test_corruption_outcomes_tell_detected_gone_and_visible():
-    copies = [{"step": 1, "rank": 0, "tier": "L1"}, {"step": 2, "rank": 0, "tier": "L1"},
-              {"step": 3, "rank": 0, "tier": "L1"}]
-    out = corruption_outcomes(copies, [{"step": 1, "rank": 0, "tier": "L1"}], [{"step": 3, "rank": 0, "tier": "L1"}])
-    assert (out["detected"], out["gone_unread"], len(out["visible_undetected"])) == (1, 1, 1)
+def test_corruption_outcomes_tell_detected_used_gone_and_unread():
+    copies = [{"step": s, "rank": 0, "tier": "L1"} for s in (1, 2, 3, 4)]
+    out = corruption_outcomes(copies, [{"step": 1, "rank": 0, "tier": "L1"}], [{"step": 3, "rank": 0, "tier": "L1"}],
+                              [{"step": 4, "rank": 0, "tier": "L1", "at": 5.0}], {(4, 0, "L1"): 4.0})
+    assert (out["detected"], out["gone_unread"], out["visible_unread"]) == (1, 1, 1)
+    assert out["used"] == [{"step": 4, "rank": 0, "tier": "L1"}]
 
 
 def test_time_lost_counts_from_the_fault_through_chained_recoveries():

@@ -6,7 +6,8 @@
   the authenticated peer protocol, the L2 blobs from storage. A copy that fails is *torn* unless the
   trial flipped a byte in it on purpose (then it counts as a flipped copy still visible).
 * :func:`corruption_outcomes`: for every copy a ``flip`` corrupted, whether a sidecar reported it
-  (catalog corruption reports, gathered during the run, and the sidecars' logs) or it is gone unread.
+  (catalog corruption reports, gathered during the run, and the sidecars' logs), restored it without a
+  report (used: a failure), or nothing read it (gone, or still listed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from lifeline.checkpoint import ShardMetadata, TensorMeta, blob_key, list_steps, read_manifest
 from lifeline.errors import ChecksumError, LifelineError
 
-__all__ = ["RECENT_STEPS", "audit_tiers", "corruption_outcomes", "reports_in_logs", "report_key"]
+__all__ = ["RECENT_STEPS", "audit_tiers", "corruption_outcomes", "reports_in_logs", "restores_in_logs", "report_key"]
 
 RECENT_STEPS = 64
 
@@ -53,6 +54,28 @@ def reports_in_logs(logs: Path | list[Path], *, job: str | None = None) -> list[
             if {"rank", "step", "tier"} <= set(ctx):
                 out.append({"step": int(ctx["step"]), "rank": int(ctx["rank"]), "tier": ctx["tier"],
                             "by": doc.get("rank"), "message": msg[:300]})
+    return out
+
+
+def restores_in_logs(logs: Path | list[Path], *, job: str | None = None) -> list[dict[str, Any]]:
+    """Copies the sidecars restored (``restored step S rank R from T``): ``step``, ``rank``, ``tier``,
+    ``by`` (the restoring rank) and ``at`` (seconds since the epoch)."""
+    from datetime import datetime
+
+    files = sorted(Path(logs).glob("rank-*-sidecar.log")) if isinstance(logs, Path) else logs
+    out = []
+    for path in files:
+        for line in path.read_text(errors="replace").splitlines():
+            if "restored step" not in line:
+                continue
+            try:
+                doc = json.loads(line)
+                _, _, step, _, rank, _, tier = str(doc["message"]).split()[:7]
+                at = datetime.fromisoformat(str(doc["time"]).replace("Z", "+00:00")).timestamp()
+            except (ValueError, KeyError):
+                continue
+            if job is None or doc.get("job") == job:
+                out.append({"step": int(step), "rank": int(rank), "tier": tier, "by": doc.get("rank"), "at": at})
     return out
 
 
@@ -179,22 +202,29 @@ def audit_tiers(sup: Any, flipped: set[tuple[int, int, str]]) -> dict[str, Any]:
 
 
 def corruption_outcomes(copies: list[dict[str, Any]], reports: list[dict[str, Any]],
-                        visible: list[dict[str, Any]]) -> dict[str, Any]:
-    """For every flipped copy: ``detected`` (a report names its step, rank and tier), else
-    ``visible_undetected`` (still listed at the end: a failure) or ``gone_unread`` (evicted before
-    anything read it: never used, nothing to detect).
+                        visible: list[dict[str, Any]], restores: list[dict[str, Any]] | None = None,
+                        flipped_at: dict[tuple[int, int, str], float] | None = None) -> dict[str, Any]:
+    """For every flipped copy: ``detected`` (a report names its step, rank and tier), ``used`` (a
+    restore from that step, rank and tier after the flip, with no report: a failure), ``gone_unread``
+    (evicted before anything read it) or ``visible_unread`` (still listed at the end and never read —
+    a newer copy was restored instead, or the job ended first: with verified reads, a corrupt copy is
+    found only when read).
 
-    Returns ``{"copies": n, "detected": n, "gone_unread": n, "visible_undetected": [...]}``.
+    Returns ``{"copies", "detected", "gone_unread", "visible_unread", "used": [...]}``.
     """
     seen = {report_key(r["step"], r["rank"], r["tier"]) for r in reports if r.get("step") is not None}
     still = {report_key(v["step"], v["rank"], v["tier"]) for v in visible}
-    out: dict[str, Any] = {"copies": len(copies), "detected": 0, "gone_unread": 0, "visible_undetected": []}
+    flipped_at = flipped_at or {}
+    out: dict[str, Any] = {"copies": len(copies), "detected": 0, "gone_unread": 0, "visible_unread": 0, "used": []}
     for c in copies:
         key = report_key(c["step"], c["rank"], c["tier"])
         if key in seen:
             out["detected"] += 1
+        elif any(report_key(r["step"], r["rank"], r["tier"]) == key and r["at"] >= flipped_at.get(key, 0.0)
+                 for r in restores or []):
+            out["used"].append(c)
         elif key in still:
-            out["visible_undetected"].append(c)
+            out["visible_unread"] += 1
         else:
             out["gone_unread"] += 1
     return out

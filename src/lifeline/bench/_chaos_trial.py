@@ -15,7 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lifeline.bench._chaos_audit import audit_tiers, corruption_outcomes, report_key, reports_in_logs
+from lifeline.bench._chaos_audit import (
+    audit_tiers,
+    corruption_outcomes,
+    report_key,
+    reports_in_logs,
+    restores_in_logs,
+)
 from lifeline.bench._chaos_schedule import TrialSpec, fault_name
 
 __all__ = ["run_trial", "verdict", "time_lost"]
@@ -69,7 +75,8 @@ def run_trial(doc: dict, trial: TrialSpec, state_dir: Path, *, persist_uri: str 
     summary = summarize(sup, phase=phase, wall_seconds=time.monotonic() - t0, digest=sup.digest)
     logged = reports_in_logs(state_dir / "logs")
     reports = list(box["reports"].values()) + logged
-    summary.update(audit=box["audit"], corruption_reports=reports, step_samples=box["samples"], error=error)
+    summary.update(audit=box["audit"], corruption_reports=reports, step_samples=box["samples"], error=error,
+                   restores=restores_in_logs(state_dir / "logs"))
     return summary
 
 
@@ -87,8 +94,9 @@ def _gather_reports(sup: Any, into: dict[str, dict]) -> None:
 def verdict(summary: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
     """The checks of issue 15 that failed (empty: the trial passed): the job finished; its final state
     equals the failure-free run's (``reference``: its digest); the latest complete step never moved
-    backwards; no torn copy was visible at any tier; every corrupted copy was detected (or evicted
-    unread) and none is still visible; every injection fired."""
+    backwards; no torn copy was visible at any tier; no corrupted copy was restored without being
+    reported (with verified reads a corrupt copy is found when read: one nothing read is counted, not
+    failed); every flip corrupted a copy, unless it fired after the job had finished."""
     out = []
     if summary.get("error"):
         out.append(f"the run raised {summary['error']}")
@@ -105,13 +113,14 @@ def verdict(summary: dict[str, Any], reference: dict[str, Any] | None) -> list[s
     elif summary.get("phase") == "Succeeded" and (not audit or audit.get("error")):
         out.append(f"the tiers could not be audited: {(audit or {}).get('error', 'no audit ran')}")
     copies = [c for f in summary.get("faults", []) for c in f["copies"]]
+    at = {report_key(c["step"], c["rank"], c["tier"]): f["at"] for f in summary.get("faults", []) for c in f["copies"]}
     outcome = corruption_outcomes(copies, summary.get("corruption_reports", []),
-                                  (audit or {}).get("flipped_visible", []))
+                                  (audit or {}).get("flipped_visible", []), summary.get("restores", []), at)
     summary["corruption"] = outcome
-    if outcome["visible_undetected"]:
-        out.append(f"corrupted copies still visible and never detected: {outcome['visible_undetected'][:3]}")
+    if outcome["used"]:
+        out.append(f"corrupted copies restored without a report: {outcome['used'][:3]}")
     for f in summary.get("faults", []):
-        if f["kind"] == "flip" and not f["copies"]:
+        if f["kind"] == "flip" and not f["copies"] and not f.get("ineffective"):
             out.append(f"{f['fault']} corrupted no copy: {f['note']}")
     return out
 

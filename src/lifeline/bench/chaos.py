@@ -130,7 +130,7 @@ def run(*, trials: int = 50, seed: int = 0, steps: int = 12, persist_every: int 
     never: dict[str, int] = {}
     failed, walls = [], []
     totals = {"torn": 0, "complete_step_regressions": 0, "flipped_copies": 0, "detected": 0, "gone_unread": 0,
-              "visible_undetected": 0, "stale_holdings": 0, "checked": {"L0": 0, "L1": 0, "L2": 0},
+              "visible_unread": 0, "used": 0, "stale_holdings": 0, "checked": {"L0": 0, "L1": 0, "L2": 0},
               "corruption_reports": 0, "service_restarts": {}}
     for i in range(trials):
         spec = schedule(seed + i, world_size=world, steps=steps, persist_every=persist_every,
@@ -142,6 +142,9 @@ def run(*, trials: int = 50, seed: int = 0, steps: int = 12, persist_every: int 
         walls.append(s["wall_seconds"])
         for f in s["faults"]:
             name = f"flip:{f['tier']}" if f["kind"] == "flip" else f["kind"]
+            if f.get("ineffective"):
+                never[name] = never.get(name, 0) + 1
+                continue
             fired[name] = fired.get(name, 0) + 1
             if f.get("when") == "recovery":
                 fired["during_recovery"] = fired.get("during_recovery", 0) + 1
@@ -165,7 +168,8 @@ def run(*, trials: int = 50, seed: int = 0, steps: int = 12, persist_every: int 
         totals["flipped_copies"] += c.get("copies", 0)
         totals["detected"] += c.get("detected", 0)
         totals["gone_unread"] += c.get("gone_unread", 0)
-        totals["visible_undetected"] += len(c.get("visible_undetected", []))
+        totals["visible_unread"] += c.get("visible_unread", 0)
+        totals["used"] += len(c.get("used", []))
         totals["corruption_reports"] += len(s.get("corruption_reports", []))
         for name, n in s.get("service_restarts", {}).items():
             totals["service_restarts"][name] = totals["service_restarts"].get(name, 0) + n

@@ -92,11 +92,11 @@ def run_trial(bed: ClusterBed, spec: TrialSpec, name: str, *, steps: int, persis
                 if highest is not None and view.complete_step < highest:
                     regressions.append({"at": round(now, 3), "from": highest, "to": view.complete_step})
                 highest = max(highest or 0, view.complete_step)
+            if phase in ("Succeeded", "Failed"):
+                break
             for inj in [i for i in pending if step >= i.step and (i.when is None or phase == "Recovering")]:
                 pending.remove(inj)
                 fired.append(bed.fire(inj, name, catalog, step))
-            if phase in ("Succeeded", "Failed"):
-                break
             time.sleep(POLL_SECONDS)
         else:
             error = f"the job did not finish within {timeout:.0f} s (phase {phase})"
@@ -108,21 +108,18 @@ def run_trial(bed: ClusterBed, spec: TrialSpec, name: str, *, steps: int, persis
             audit = {"error": f"{type(err).__name__}: {err}"[:500]}
     finally:
         catalog.close()
-    logged = _logged_reports(bed, name)
+    from lifeline.bench._chaos_audit import reports_in_logs, restores_in_logs
+
+    logs = sorted(bed.dc.state_dir.glob("nodes/*/pods/*/logs/sidecar*"))  # lost nodes' pods included
+    logged = reports_in_logs(logs, job=name)
     faults = [f.to_dict() for f in fired]
     return {"phase": phase, "error": error, "digest": digest, "status": status, "faults": faults,
             "not_fired": [str(i) for i in pending], "audit": audit,
             "complete_step": {"regressions": regressions, "highest": highest, "samples": len(progress)},
             "corruption_reports": list(reports.values()) + logged, "step_samples": samples,
+            "restores": restores_in_logs(logs, job=name),
             "recoveries": [r.get("kind") for r in status.get("recoveries") or []],
             "time_lost": _lost(faults, progress), "wall_seconds": round(time.monotonic() - t0, 1)}
-
-
-def _logged_reports(bed: ClusterBed, name: str) -> list[dict[str, Any]]:
-    """Corruption reports in the job's sidecar logs, on every node (lost nodes' pods included)."""
-    from lifeline.bench._chaos_audit import reports_in_logs
-
-    return reports_in_logs(sorted(bed.dc.state_dir.glob("nodes/*/pods/*/logs/sidecar*")), job=name)
 
 
 def _lost(faults: list[dict[str, Any]], progress: list[tuple[float, dict]]) -> list[dict[str, Any]]:

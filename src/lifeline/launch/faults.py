@@ -39,6 +39,7 @@ class FiredFault:
         copies: for ``flip``: each corrupted copy ``{"step", "rank", "tier", "holder", "where"}``.
         nodes: nodes it marked lost.
         note: what went differently (e.g. no copy to flip was found).
+        ineffective: it fired after every trainer had finished, and did nothing.
     """
 
     injection: Injection
@@ -48,12 +49,13 @@ class FiredFault:
     copies: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     note: str = ""
+    ineffective: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         inj = self.injection
         return {"fault": str(inj), "kind": inj.kind, "rank": inj.rank, "tier": inj.tier, "when": inj.when,
                 "at": round(self.at, 4), "step": self.step, "recovers": self.recovers, "copies": self.copies,
-                "nodes": self.nodes, "note": self.note}
+                "nodes": self.nodes, "note": self.note, "ineffective": self.ineffective}
 
 
 class Faults:
@@ -72,6 +74,10 @@ class Faults:
         sup = self.sup
         rec = FiredFault(inj, time.time(), max(sup.tally.seen_step.values(), default=0),
                          recovers=inj.kind not in ("redis", "minio"))
+        if sup.pods and all(p.exit_code("trainer") == 0 for p in sup.pods.values()):
+            rec.recovers, rec.ineffective, rec.note = False, True, "the job had finished: nothing injected"
+            self.fired.append(rec)
+            return rec
         try:
             getattr(self, f"_{inj.kind}")(inj, rec)
         except (LifelineError, OSError) as err:
@@ -224,7 +230,7 @@ class Faults:
         key = _flip.flip_stored(storage, prefix, sup.name, step, inj.rank, c.byte_offset + c.byte_length // 2)
         rec.copies.append({"step": step, "rank": inj.rank, "tier": "L2", "holder": None, "where": key})
 
-    def _settled(self, found: tuple, quiet: float = 0.5, limit: float = 5.0) -> list[int]:
+    def _settled(self, found: tuple, quiet: float = 2.0, limit: float = 10.0) -> list[int]:
         """The committed steps once they did not change for ``quiet`` seconds (a commit under way when
         the nodes went, by a surviving sidecar, lands first), at most ``limit`` seconds."""
         deadline = time.monotonic() + limit

@@ -81,6 +81,7 @@ class Restorer:
             try:
                 _format.verify(h.meta, h.buf, rank=rank, step=step, tier="L0")
                 if h.slot is not None:
+                    log.info("restored step %d rank %d from %s", step, rank, "L0")
                     return h, "L0"
                 try:  # a replica held for a peer: copy it into a slot the trainer can map
                     return self._into_slot(step, rank, h.meta, "L0", lambda v, h=h: _copy(h, v)), "L0"
