@@ -70,3 +70,62 @@ def test_a_sharded_dcp_checkpoint_imports_and_reshards(tmp_path):
         into = {k: torch.zeros_like(v) for k, v in want.items()}
         load(storage, "imp", "job", 9, target, r, rules, into)
         assert_states_equal(into, want)
+
+
+def _spy_loader(full: dict[str, torch.Tensor]):
+    """A ``load`` for import_streamed that hands out copies and counts how many are alive at once."""
+    import weakref
+
+    alive, peak = [0], [0]
+
+    def load(name: str) -> torch.Tensor:
+        t = full[name].clone()
+        alive[0] += 1
+        peak[0] = max(peak[0], alive[0])
+        weakref.finalize(t, lambda: alive.__setitem__(0, alive[0] - 1))
+        return t
+
+    return load, peak
+
+
+@pytest.mark.parametrize("backend", ["filesystem", "s3"])
+def test_a_streamed_import_holds_a_few_tensors_at_a_time_and_loads_into_any_layout(tmp_path, backend, request):
+    from lifeline.checkpoint import S3Storage, consolidate
+    from lifeline.checkpoint import load as ckpt_load
+    from lifeline.checkpoint._streamed import TensorSpec, import_streamed
+
+    if backend == "s3":
+        minio = request.getfixturevalue("minio_server")
+        storage = S3Storage(minio.endpoint, minio.access_key, minio.secret_key, "streamed", part_size=5 << 20)
+    else:
+        storage = FilesystemStorage(tmp_path / "store", fsync=False)
+    g = torch.Generator().manual_seed(3)
+    full = {f"layer.{i}.w": torch.randn(256, 512, generator=g) for i in range(24)}  # 512 KiB each
+    full["emb"] = torch.randn(320, 64, generator=g).to(torch.bfloat16)
+    entries = {k: TensorSpec(tuple(v.shape), v.dtype) for k, v in full.items()}
+    entries["data.position"] = b'{"step": 7}'
+    load, peak = _spy_loader(full)
+    manifest = import_streamed(storage, "ck", "st", 7, entries, load)
+    assert peak[0] <= 6, f"{peak[0]} of {len(full)} source tensors were alive at once"  # the writer's queue, not all
+    assert sorted(manifest.tensors) == sorted(full)
+    whole = consolidate(storage, "ck", "st", 7)
+    assert all(torch.equal(whole[k], full[k]) for k in full)
+    rules = PatternRules([("layer.*", Sharded(1)), ("emb", Sharded(0))])
+    for layout in (Layout(tensor=2), Layout(tensor=4)):  # the replicated import reshards into any layout
+        for rank in range(layout.world_size):
+            into = shard_state({k: torch.zeros_like(v) for k, v in full.items()}, layout, rank, rules)
+            ckpt_load(storage, "ck", "st", 7, layout, rank, rules, into)
+            expect = shard_state(full, layout, rank, rules)
+            assert all(torch.equal(into[k], expect[k]) for k in expect)
+
+
+def test_a_streamed_import_that_reads_a_wrong_tensor_commits_nothing(tmp_path):
+    from lifeline.checkpoint import list_steps
+    from lifeline.checkpoint._streamed import TensorSpec, import_streamed
+    from lifeline.errors import LayoutError
+
+    storage = FilesystemStorage(tmp_path / "store", fsync=False)
+    entries = {"a": TensorSpec((4, 4), torch.float32), "b": TensorSpec((8,), torch.float32)}
+    with pytest.raises(LayoutError, match="'b' read as"):
+        import_streamed(storage, "ck", "bad", 1, entries, lambda name: torch.zeros(4, 4) if name == "a" else torch.zeros(9))
+    assert list_steps(storage, "ck", "bad") == [] and not list((tmp_path / "store").rglob("rank-0.bin"))

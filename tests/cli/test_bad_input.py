@@ -87,6 +87,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
      {"j.yaml": J(spec__checkpoint__persist__uri="s3://bucket/ckpt")}, ["LIFELINE_S3_ACCESS_KEY"], {}),
     ("timeout-zero", ["run", "j.yaml", "--timeout", "0"], {"j.yaml": GOOD}, ["--timeout"], {}),
     ("timeout-negative", ["run", "j.yaml", "--timeout", "-5"], {"j.yaml": GOOD}, ["--timeout"], {}),
+    ("node-return-zero", ["run", "j.yaml", "--node-return-seconds", "0"], {"j.yaml": GOOD}, ["--node-return-seconds"],
+     {}),
     ("slot-mib-zero", ["run", "j.yaml", "--slot-mib", "0"], {"j.yaml": GOOD}, ["--slot-mib"], {}),
     ("spare-nodes-negative", ["run", "j.yaml", "--spare-nodes", "-1"], {"j.yaml": GOOD}, ["--spare-nodes"], {}),
     # --- one at a time, hidden, unhelpful
@@ -177,6 +179,9 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
     ("bench-chaos-faults", ["bench", "chaos", "--faults", "trainer,disk"], {}, ["--faults", "disk"], {}),
     ("bench-chaos-bed", ["bench", "chaos", "--bed", "kind"], {}, ["--bed"], {}),
     ("bench-state-dir-file", ["bench", "recovery", "--state-dir", "f"], {"f": "x"}, ["--state-dir"], {}),
+    ("bench-reshard-gib", ["bench", "reshard", "--gib", "0"], {}, ["--gib"], {}),
+    ("bench-reshard-changes", ["bench", "reshard", "--changes", "4:4"], {}, ["--changes", "4:2,2:4"], {}),
+    ("bench-reshard-changes-text", ["bench", "reshard", "--changes", "four"], {}, ["--changes"], {}),
 ]
 
 

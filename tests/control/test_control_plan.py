@@ -277,10 +277,16 @@ def test_reshards_to_fewer_replica_groups_when_nodes_run_out():
     assert plan.action is RecoveryAction.RESHARD
     assert plan.layout == LayoutSpec(pipeline=2, data=1)
     assert plan.node_of_rank == ("n0", "n1") and plan.restore_ranks == (0, 1)
-    # every rank restarts in the new layout, resharding the latest step complete in L2
-    assert plan.restore_step == 40 and [s.rank for s in plan.sources] == [0, 1, 2, 3]
-    assert {s.tier for s in plan.sources} == {"L2"}
+    # ranks 0 and 1 keep their pods and reshard the latest step the surviving sidecars hold in memory:
+    # rank 3's own copy died with n3, its L1 replica (on n2, whose pod the new layout drops but which
+    # serves until the new generation trains) did not
+    assert plan.restore_step == 41 and [s.rank for s in plan.sources] == [0, 1, 2, 3]
+    assert [(s.tier, s.holder) for s in plan.sources] == [("L0", 0), ("L0", 1), ("L0", 2), ("L1", 2)]
+    assert "4 of 4 shards read from sidecar memory" in plan.reason
     assert plan.delete_ranks == (2, 3) and plan.create_pods == () and plan.restart_ranks == (0, 1)
+    # with the replicas gone too, the shard of rank 3 comes from L2, and so does the step
+    plan = plan_recovery(_state(_holdings(lost_l1=(3,)), nodes=nodes), _lost("n3"), _spec(), now=NOW)
+    assert plan.restore_step == 40 and plan.source_of(3).tier == "L2" and plan.source_of(0).tier == "L0"
 
 
 def test_without_elastic_unplaceable_pods_wait_for_room():

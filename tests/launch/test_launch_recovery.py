@@ -115,15 +115,21 @@ def test_kill_everything_and_start_again_resumes_from_l2(reference, tmp_path):
     assert summary["digest"] == ref["digest"], "the resumed run's final parameters differ from the reference"
 
 
-def test_elastic_restart_with_fewer_replica_groups_reshards_and_the_loss_continues(reference, tmp_path):
+@pytest.mark.parametrize("layout", [
+    {"tensor": 1, "pipeline": 2, "data": 1, "expert": 1},  # fewer replica groups
+    {"tensor": 2, "pipeline": 2, "data": 1, "expert": 1},  # data down, tensor up
+    {"tensor": 1, "pipeline": 1, "data": 2, "expert": 2},  # pipeline down, expert up
+], ids=["data", "tensor", "pipeline-expert"])
+def test_a_job_restarted_in_another_layout_reshards_and_the_loss_continues(reference, tmp_path, layout):
     _, root = reference
     l2 = tmp_path / "l2"
     shutil.copytree(root / "l2", l2)  # the reference's checkpoints (layout PP=2 x DP=2)
-    doc = job_doc("ref", pipeline=2, data=1, steps=STEPS + 4)  # the same job, one replica group
+    doc = job_doc("ref", steps=STEPS + 4)  # the same job in another layout
+    doc["spec"].update(layout=layout, replicas=layout["tensor"] * layout["pipeline"] * layout["data"] * layout["expert"])
     job = write_job(tmp_path / "job.yaml", doc)
     summary = lifeline_run(job, tmp_path / "state", "--persist-uri", str(l2))
     assert summary["phase"] == "Succeeded" and summary["resumed_from"] == STEPS
-    assert summary["layout"]["data"] == 1 and summary["step"] == STEPS + 4
+    assert summary["layout"] == layout and summary["step"] == STEPS + 4
     before, after = _losses(root / "state"), _losses(tmp_path / "state")
     assert min(after) == STEPS + 1, "training did not continue at the step after the restored one"
     first = after[STEPS + 1]

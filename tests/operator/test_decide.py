@@ -14,7 +14,8 @@ from lifeline.api.manifests import PodConfig, rank_pod
 from lifeline.api.recovery import Holding, RecoveryPlan
 from lifeline.api.trainingjob import TrainingJobStatus
 from lifeline.catalog import CatalogView, ProgressReport, SidecarRegistration
-from lifeline.control import ClusterState, ContainerTerminated, FailureKind, NodeCondition, PodGone, SidecarState
+from lifeline.control import (ClusterState, ContainerTerminated, FailureKind, NodeCondition, NodeState, PodGone,
+                              SidecarState)
 from lifeline.operator import decide as _decide
 from lifeline.operator.observe import (
     Observation,
@@ -24,6 +25,7 @@ from lifeline.operator.observe import (
     pods_by_rank,
     sidecar_states,
 )
+from lifeline.operator.decide import source_holders
 from lifeline.operator.recorded import Recorded
 
 
@@ -147,9 +149,13 @@ def test_lost_node_replaces_its_pods_elsewhere(job):
     assert step.avoid_nodes == {"node-a"}
 
 
-def test_reshard_recreates_every_pod_in_the_smaller_layout_from_l2(job):
+def test_reshard_keeps_the_pods_of_the_smaller_layout_and_reads_from_memory(job):
     """Healthy nodes with room for 2 pods (capacities from requests): the elastic job drops to one
-    replica group; every pod is recreated (the layout is in its env) and ranks >= 2 are deleted."""
+    replica group. Rank 1's pod stays (its trainer adopts the layout in place) and lost rank 0 is
+    recreated. With room for one pod per node, rank 0's new pod needs node-c, so rank 2's pod there
+    is evicted at once: its sidecar held the only surviving copy of rank 2's shard at step 11, and
+    the reshard reads that shard from L2 at step 10. With a third free node, rank 2's pod serves
+    the step from memory until the new generation trains."""
     pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}  # node-a: ranks 0 and 3
     nodes = [_node("node-a", "Unknown", taints=["node.kubernetes.io/unreachable"]), _node("node-b"), _node("node-c")]
     l2 = Holding.complete(10, 4)
@@ -157,17 +163,30 @@ def test_reshard_recreates_every_pod_in_the_smaller_layout_from_l2(job):
                registered=[1, 2])
     obs = dataclasses.replace(obs, cluster=ClusterState(nodes=tuple(
         dataclasses.replace(n, capacity=1) for n in obs.cluster.nodes)))
-    d = decide(job.spec, Recorded(applied=0), obs, {"phase": "Running", "restarts": 0}, now=NOW)
-    assert d.plan.action.value == "Reshard" and d.plan.restore_step == 10  # the latest step in L2
+    tight = decide(job.spec, Recorded(applied=0), obs, {"phase": "Running", "restarts": 0}, now=NOW)
+    assert tight.plan.action.value == "Reshard" and tight.plan.restore_step == 10
+    assert (tight.create, tight.delete) == ((0,), (0, 2, 3)) and 2 not in source_holders(tight.plan)
+    roomy = dataclasses.replace(obs, cluster=ClusterState(nodes=(*obs.cluster.nodes, NodeState("node-d", capacity=1))))
+    d = decide(job.spec, Recorded(applied=0), roomy, {"phase": "Running", "restarts": 0}, now=NOW)
+    assert d.plan.action.value == "Reshard" and d.plan.restore_step == 11  # the latest step in memory
+    assert {s.tier for s in d.plan.sources} <= {"L0", "L1"} and 2 in source_holders(d.plan)
     assert d.layout.world_size == 2 and d.layout.data == 1
-    assert (d.create, d.delete) == ((0, 1), (0, 1, 2, 3))
-    # after the commit: the old generation-0 pods of ranks 0 and 1 are stale; ranks 2 and 3 stay deleted
+    assert (d.create, d.delete) == ((0,), (0, 3))
+    assert d.plan.node_of_rank == ("node-d", "node-b")
+    # after the commit, until the new generation trains: rank 0's old pod is stale, rank 2 serves
     rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
     again = decide(job.spec, rec, obs, {"phase": "Recovering", "restarts": 1}, now=NOW + 1)
-    assert (again.plan, again.create, again.delete) == (None, (0, 1), (0, 1, 2, 3))
+    assert (again.plan, again.create, again.delete) == (None, (0,), (0, 3))
     pod = rank_pod(job, 0, generation=1, config=PodConfig(redis_url="redis://r:6379/0"), layout=again.layout)
     env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c["env"]}
     assert json.loads(env["LIFELINE_LAYOUT"])["data"] == 1 and env["LIFELINE_WORLD_SIZE"] == "2"
+    # once both ranks trained in generation 1, rank 2's pod goes too
+    kept = {0: _running_pod(job, 0, "node-b", generation=1), 1: pods[1], 2: pods[2]}
+    trained = {r: ProgressReport("step", "j", r, 1, NOW + 1, 13) for r in range(2)}
+    done = decide(job.spec, rec, _obs(job, kept, nodes=nodes, progress=trained, registered=[0, 1, 2], generation=1,
+                                      holdings=frozenset(Holding(13, r, "L0", r) for r in range(2))),
+                  {"phase": "Recovering", "restarts": 1}, now=NOW + 2)
+    assert done.phase == "Running" and done.delete == (2,) and done.create == ()
 
 
 def test_missing_pod_after_apply_is_pod_lost(job):

@@ -149,3 +149,39 @@ def test_sidecar_checkpointer_reshards_from_l2_when_the_layout_changed(tmp_path,
             no_l2.restore(3, into=fresh.state())
     finally:
         sidecar.stop()
+
+
+def test_a_job_started_again_in_another_layout_resumes_from_l2(tmp_path, arena_dir, redis_server):
+    """The catalog is new (a TrainingJob deleted and applied again, now in another layout): the
+    checkpointer's latest step is the latest one committed to L2, read resharded into this layout."""
+    from lifeline.checkpoint import save_states
+    from lifeline.sidecar.server import Sidecar
+
+    job = job_name("again")
+    storage = FilesystemStorage(tmp_path / "l2", fsync=False)
+    old = Layout(data=2)
+    trainers = [GPTMoESpec(CFG).build(old, r) for r in range(2)]
+    for t in trainers:
+        t.loader.replicas, t.loader.replica = 1, 0
+        for _ in range(2):
+            t.train_step()
+    save_states(storage, "", job, 2, old, RULES, [t.state() for t in trainers])
+    common = dict(job=job, rank=0, world_size=1, secret=SECRET, arena_dir=arena_dir, slot_bytes=8 << 20, slots=2,
+                  node="n0")
+    sidecar = Sidecar(SidecarSettings(**common, redis_url=redis_server.url, pod_ip="127.0.0.1", peer_port=0,
+                                      metrics_port=-1, peer_replicas=0, persist_every=0)).start()
+    try:
+        ck = SidecarCheckpointer(TrainerSettings(**common, redis_url=redis_server.url,
+                                                 persist_uri=str(tmp_path / "l2")), Layout(), RULES)
+        assert ck.client.latest_complete_step() is None  # nothing in the catalog
+        assert ck.latest_step() == 2 and ck.saved_layout(2) == old
+        fresh = GPTMoESpec(CFG).build(Layout(), 0)
+        fresh.load_state(ck.restore(2, into=fresh.state()))
+        assert fresh.step == 2 and ck.last_reshard is not None and ck.last_reshard.bytes_by_tier["L2"] > 0
+        expected, got = tensors(trainers[0].state()), tensors(fresh.state())
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+        without_l2 = SidecarCheckpointer(TrainerSettings(**common, redis_url=redis_server.url), Layout(), RULES,
+                                         client=ck.client)
+        assert without_l2.latest_step() is None  # a new job: starts from its initial state
+    finally:
+        sidecar.stop()

@@ -222,10 +222,49 @@ def test_reshard_reads_byte_ranges_from_peer_memory(make_settings, sidecars, red
         wait_for(lambda: cat.latest_complete_step() == 5, what="step 5 complete")
     a.stop()  # rank 0's node is gone: its blob is only in rank 1's memory now
     manifest = manifest_from_catalog(cat, 5)
-    reader = SidecarBlobReader(cat, secret=SECRET.encode(), job=job)
     into = {"w": torch.zeros(64, 8), "b": torch.zeros(8)}
-    load_shard(manifest, reader, Layout(), 0, rules, into)
+    with SidecarBlobReader(cat, secret=SECRET.encode(), job=job, local=0) as reader:
+        report = load_shard(manifest, reader, Layout(), 0, rules, into)
     assert torch.equal(into["w"], full_w) and torch.equal(into["b"], bias)
+    # every byte came from rank 1's memory: its own blob (L0) and its replica of rank 0's (L1)
+    assert reader.bytes_by_tier["L2"] == 0
+    assert reader.bytes_by_tier["L0"] > 0 and reader.bytes_by_tier["L1"] > 0
+    assert sum(reader.bytes_by_tier.values()) == report.read_bytes
+    cat.close()
+
+
+def test_reshard_reads_this_pods_own_blob_in_place_from_the_arena(make_settings, sidecars, redis_server, job):
+    """With the pod's client, the blob its own sidecar keeps in an arena slot is read through shared
+    memory (no socket), the peer's over TCP; a corrupted arena byte is caught by the loader's checks."""
+    from lifeline.checkpoint import Layout, PatternRules, Sharded, load_shard, plan_shard
+    from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
+
+    rules = PatternRules([("w", Sharded(0))])
+    full_w = torch.randn(64, 32, generator=torch.Generator().manual_seed(5))
+    s0, t0 = make_settings(0, 2, peer_replicas=1)
+    s1, t1 = make_settings(1, 2, peer_replicas=1)
+    a, b = sidecars(s0), sidecars(s1)
+    cat = Catalog(redis_server.url, job, 2)
+    with SidecarClient(t0) as c0, SidecarClient(t1) as c1:
+        for r, c in ((0, c0), (1, c1)):
+            state = {"w": full_w[32 * r: 32 * (r + 1)].clone()}
+            c.save(5, state, plan_shard(state, Layout(tensor=2), r, rules))
+        wait_for(lambda: cat.latest_complete_step() == 5, what="step 5 complete")
+        manifest = manifest_from_catalog(cat, 5)
+        into = {"w": torch.zeros(64, 32)}
+        with SidecarBlobReader(cat, secret=SECRET.encode(), job=job, local=0, local_client=c0) as reader:
+            load_shard(manifest, reader, Layout(), 0, rules, into)
+        assert torch.equal(into["w"], full_w)
+        half = 32 * 32 * 4
+        # its own blob in place; rank 1's from the replica its own sidecar holds (a buffer, not a slot: TCP)
+        assert reader.local_bytes == reader.bytes_by_tier["L0"] >= half and reader.bytes_by_tier["L1"] >= half
+        assert reader.bytes_by_tier["L2"] == 0
+        assert a.store.get("shard", 5, 0).pins == 0  # released on close
+        h = a.store.get("shard", 5, 0)
+        h.buf[h.nbytes // 2] ^= 0xFF  # a flipped bit in this pod's arena copy
+        with SidecarBlobReader(cat, secret=SECRET.encode(), job=job, local=0, local_client=c0) as reader, \
+                pytest.raises(ChecksumError):
+            load_shard(manifest, reader, Layout(), 0, rules, {"w": torch.zeros(64, 32)})
     cat.close()
 
 

@@ -319,6 +319,9 @@ class RecoveryRecord(WireModel):
     resumed_at: datetime | None = Field(None, description="When training resumed.")
     seconds: float | None = Field(None, ge=0, description="Seconds from startedAt to resumedAt.")
     reason: str = Field("", description="Why: the failures seen and the rule that chose this rung.")
+    layout: LayoutSpec | None = Field(
+        None, description="Reshard only: the layout the job continued in (smaller or back to the spec's)."
+    )
 
 
 class TrainingJobStatus(WireModel):

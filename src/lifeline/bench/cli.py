@@ -3,7 +3,8 @@
 Every benchmark takes ``--repeats`` (where it repeats) and ``--state-dir`` (where it keeps files);
 bad values are one :class:`~lifeline.errors.ConfigError` naming the flag, before anything runs.
 ``bench recovery``'s 30-minute ETTR row is opt-in (``--ettr``); ``bench crash`` counts torn checkpoints after
-random SIGKILLs of savers and sidecars; ``bench chaos`` runs jobs under seeded random faults."""
+random SIGKILLs of savers and sidecars; ``bench reshard`` times a change of layout from memory, from L2 and
+with DCP; ``bench chaos`` runs jobs under seeded random faults."""
 
 from __future__ import annotations
 
@@ -219,3 +220,39 @@ def chaos_command(
     typer.echo(json.dumps(run(trials=trials, seed=seed, steps=steps, persist_every=persist_every, pipeline=pipeline,
                               data=data, max_faults=max_faults, faults=drawn, workdir=state_dir, keep=keep,
                               reference=reference, spares_per_node=spares_per_node), indent=1))
+
+
+def _changes(text: str) -> tuple[tuple[int, int], ...] | None:
+    """``"4:2,2:4"`` -> ``((4, 2), (2, 4))``; ``None`` when malformed or a degree is < 1 or A == B."""
+    try:
+        out = tuple((int(a), int(b)) for a, b in (part.split(":") for part in text.split(",") if part.strip()))
+    except ValueError:
+        return None
+    return out if out and all(1 <= a <= 8 and 1 <= b <= 8 and a != b for a, b in out) else None
+
+
+@app.command("reshard")
+def reshard_command(
+    gib: float = typer.Option(1.0, "--gib", help="State size in GiB across the ranks (float32 tensors)."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed runs per peer and row (median reported)."),
+    tensors: int = typer.Option(64, "--tensors", help="Number of tensors of the state (each rows x 1024)."),
+    changes: str = typer.Option("4:2,2:4", "--changes", help="Tensor degrees A:B, one row each, comma-separated "
+                                "(A ranks save, B ranks load; 1..8, A != B)."),
+    profile: bool = typer.Option(False, "--profile", help="Also run each peer once under cProfile (rank 0's top "
+                                 "entries in the JSON)."),
+    state_dir: str = _state_dir("Directory for MinIO, Redis and logs (default: the temp dir; removed after)."),
+) -> None:
+    """Plan to training resumed in a new layout: reshard from sidecar memory (L1), from MinIO (L2), and DCP's
+    load-time resharding from the same MinIO; bytes read / bytes needed."""
+    import json
+
+    parsed = _changes(changes)
+    _check((not gib > 0, "--gib", f"must be > 0, got {gib:g}"),
+           (repeats < 1, "--repeats", f"must be >= 1, got {repeats}"),
+           (tensors < 1, "--tensors", f"must be >= 1, got {tensors}"),
+           (parsed is None, "--changes", f"must be A:B pairs of tensor degrees 1..8 with A != B, e.g. 4:2,2:4, "
+            f"got {changes!r}"), state_dir=state_dir)
+    from lifeline.bench.reshard import run
+
+    typer.echo(json.dumps(run(gib=gib, repeats=repeats, tensors=tensors, changes=parsed, workdir=state_dir,
+                              profile=profile), indent=1))

@@ -182,9 +182,11 @@ class Catalog:
         """The ``ShardMetadata`` JSON of (step, rank), or ``None`` when unknown."""
         return self._call(self._r.get, self.keys.meta(step, rank))
 
-    def metas(self, step: int) -> list[str | None]:
-        """The metadata JSON of every rank at step (``None`` where unknown)."""
-        return self._call(self._r.mget, [self.keys.meta(step, r) for r in range(self.world_size)])
+    def metas(self, step: int, world_size: int | None = None) -> list[str | None]:
+        """The metadata JSON of every rank at step (``None`` where unknown); ``world_size`` ranks of the
+        layout the step was saved in (default: the catalog's, which an elastic reshard changes)."""
+        n = self.world_size if world_size is None else world_size
+        return self._call(self._r.mget, [self.keys.meta(step, r) for r in range(n)])
 
     def steps(self) -> list[int]:
         """Every step with any recorded holding, ascending."""
@@ -216,12 +218,14 @@ class Catalog:
         raw = self._call(self._r.get, self.keys.complete)
         return int(raw) if raw is not None and int(raw) >= 0 else None
 
-    def mark_persisted(self, step: int, rank: int) -> bool:
-        """Record rank's blob of step as persisted; True for exactly one rank once all ranks are (the claimant
-        of the commit), and again for that rank when it asks again: a retry after a failed manifest write, or
-        its restarted sidecar, redoes the commit instead of leaving the step uncommitted at L2."""
+    def mark_persisted(self, step: int, rank: int, world_size: int | None = None) -> bool:
+        """Record rank's blob of step as persisted; True for exactly one rank once all ``world_size`` ranks
+        are (the claimant of the commit; default: the catalog's world size, pass the step's own layout's
+        after an elastic reshard), and again for that rank when it asks again: a retry after a failed
+        manifest write, or its restarted sidecar, redoes the commit instead of leaving the step uncommitted at L2."""
         keys = [self.keys.persisted(step), self.keys.commit(step)]
-        return bool(self._call(self._persisted, keys=keys, args=[rank, self.world_size]))
+        n = self.world_size if world_size is None else world_size
+        return bool(self._call(self._persisted, keys=keys, args=[rank, n]))
 
     def committer(self, step: int) -> int | None:
         """The rank that claimed the L2 commit of ``step`` (:meth:`mark_persisted`), or ``None``."""

@@ -144,7 +144,8 @@ def local_pieces(
 
 
 def plan_shard(state: Mapping[str, Any], layout: Layout, rank: int, rules: PatternRules) -> ShardPlan:
-    """Plan rank ``rank``'s blob for ``state`` (fqn -> local CPU tensor or bytes-like).
+    """Plan rank ``rank``'s blob for ``state`` (fqn -> local CPU tensor or bytes-like; a ``meta`` tensor
+    stands for one whose bytes come later, e.g. a streamed import).
 
     Raises :class:`LayoutError` naming the tensor when a pattern does not fit the layout
     (e.g. a tensor degree not dividing a sub-param size).
@@ -157,7 +158,7 @@ def plan_shard(state: Mapping[str, Any], layout: Layout, rank: int, rules: Patte
     for fqn in sorted(state):
         value = state[fqn]
         if isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
+            if value.device.type not in ("cpu", "meta"):  # meta: planned from shape and dtype alone
                 raise LayoutError(f"tensor {fqn!r} is on {value.device}; pass CPU tensors", key=fqn)
             pattern = rules.match(fqn)
             glob, pieces = local_pieces(fqn, pattern, shapes[fqn], shapes, layout, coords, rules)

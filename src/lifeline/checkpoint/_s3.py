@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import urllib3
 from minio import Minio
@@ -43,6 +43,32 @@ class _Reader:
             else:
                 self._views[0] = head[len(take):]
         self.length -= sum(len(p) for p in parts)
+        return b"".join(parts)
+
+
+class _StreamReader:
+    """A file-like reader over an iterable of buffers consumed once (minio reads parts of an unknown
+    total length from it)."""
+
+    def __init__(self, pieces: Iterable[Any]) -> None:
+        self._it = iter(pieces)
+        self._head = memoryview(b"")
+
+    def read(self, n: int = -1) -> bytes:
+        parts = []
+        want = n if n is not None and n >= 0 else None
+        while want is None or want > 0:
+            if not len(self._head):
+                try:
+                    self._head = memoryview(next(self._it)).cast("B")
+                except StopIteration:
+                    break
+                continue
+            take = self._head if want is None else self._head[:want]
+            parts.append(bytes(take))
+            self._head = self._head[len(take):]
+            if want is not None:
+                want -= len(take)
         return b"".join(parts)
 
 
@@ -146,6 +172,22 @@ class S3Storage:
                                    num_parallel_uploads=self.max_concurrency)
 
         self._retry("put", key, upload)
+
+    def put_stream(self, key: str, pieces: Iterable[Any]) -> None:
+        """Store the concatenation of ``pieces`` (bytes-like objects, consumed once, in order) under ``key``
+        as a multipart upload of ``part_size`` parts, holding one part in memory at a time (a
+        :class:`~lifeline.checkpoint.SupportsPutStream`). The object appears only when the upload
+        completes; an exception from ``pieces`` or the server aborts the upload, leaving nothing.
+        Not retried: the pieces cannot be produced twice (:meth:`put` retries).
+
+        Raises:
+            StorageError: the upload failed (naming ``key``).
+        """
+        self._ensure_bucket()
+        try:
+            self.client.put_object(self.bucket, key, _StreamReader(pieces), -1, part_size=self.part_size)
+        except (S3Error, ServerError, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+            raise StorageError(f"streamed put failed: {err}", key=key) from err
 
     def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         """A ranged GET of ``[offset, offset + length)``."""

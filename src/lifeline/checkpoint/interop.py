@@ -9,6 +9,9 @@
 - :func:`import_safetensors`: a file of full tensors -> a one-rank checkpoint with a replicated
   pattern, which loads into any layout through the model's rules.
 
+Both imports stream: the checkpoint is planned from the tensors' shapes and dtypes, and each tensor
+is read from the source only when its bytes are written (:mod:`._streamed`).
+
 Exports write atomically: a temporary name next to the target, then a rename; the result has the
 mode the umask gives a new file (or directory), and an existing target is replaced only with
 ``overwrite=True``.
@@ -21,6 +24,7 @@ distributed support, neither of which :func:`export_safetensors` should pay for.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -29,16 +33,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
-from lifeline.checkpoint._checkpoint import consolidate, read_manifest, save_states
-from lifeline.checkpoint._layout import Layout
+from lifeline.checkpoint._checkpoint import consolidate, read_manifest
 from lifeline.checkpoint._manifest import Manifest
-from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._readers import StorageBlobReader
-from lifeline.checkpoint._rules import PatternRules
 from lifeline.checkpoint._storage import Storage
+from lifeline.checkpoint._streamed import TensorSpec, import_streamed
 from lifeline.errors import ManifestError, StorageError
 
 __all__ = ["export_dcp", "import_dcp", "export_safetensors", "import_safetensors"]
@@ -115,9 +117,12 @@ def import_dcp(path: str | os.PathLike, storage: Storage, prefix: str, job: str,
                names: Sequence[str] | None = None) -> Manifest:
     """Import the DCP checkpoint at ``path`` as checkpoint ``step`` of ``job`` (one rank, every tensor whole).
 
-    DCP byte items become byte entries (their raw bytes, or the ``torch.save`` pickle of a
-    non-bytes object). Load it into any layout with :func:`lifeline.checkpoint.load` and
-    the model's rules. Raises :class:`ManifestError` when ``path`` holds no DCP metadata.
+    Streamed (:func:`~lifeline.checkpoint._streamed.import_streamed`): the byte items are read
+    first, then each tensor is read (``dcp.load`` of that one tensor, resharded from however many
+    ranks saved it) only when its bytes are written. DCP byte items become byte entries (their raw
+    bytes, or the ``torch.save`` pickle of a non-bytes object). Load it into any layout with
+    :func:`lifeline.checkpoint.load` and the model's rules. Raises :class:`ManifestError` when
+    ``path`` holds no DCP metadata, and as :func:`import_streamed`.
     """
     import torch.distributed.checkpoint as dcp  # imported on use: see the module docstring
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
@@ -127,30 +132,39 @@ def import_dcp(path: str | os.PathLike, storage: Storage, prefix: str, job: str,
         metadata = reader.read_metadata()
     except (OSError, EOFError, ValueError) as err:
         raise ManifestError(f"no readable DCP metadata at {path}: {err}", key=os.fspath(path)) from err
-    state: dict[str, Any] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if names is not None and fqn not in names:
-            continue
-        if isinstance(md, TensorStorageMetadata):
-            state[fqn] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        elif isinstance(md, BytesStorageMetadata):
-            state[fqn] = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, no_dist=True)
-    ours: dict[str, Any] = {}
-    for fqn, value in state.items():
-        if isinstance(value, torch.Tensor):
-            ours[fqn] = value.contiguous()
-        elif isinstance(value, io.BytesIO):
-            ours[fqn] = value.getvalue()
-        elif isinstance(value, (bytes, bytearray)):
-            ours[fqn] = bytes(value)
-        else:
-            buf = io.BytesIO()
-            torch.save(value, buf)
-            ours[fqn] = buf.getvalue()
-    return save_states(storage, prefix, job, step, Layout(), PatternRules(default=Replicated()), [ours])
+    wanted = {fqn: md for fqn, md in metadata.state_dict_metadata.items() if names is None or fqn in names}
+
+    def dcp_load(state: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=dcp.FileSystemReader(os.fspath(path)), no_dist=True)
+
+    items: dict[str, Any] = {fqn: io.BytesIO() for fqn, md in wanted.items() if isinstance(md, BytesStorageMetadata)}
+    if items:
+        dcp_load(items)
+    entries: dict[str, TensorSpec | bytes] = {fqn: _as_bytes(v) for fqn, v in items.items()}
+    entries.update({fqn: TensorSpec(tuple(md.size), md.properties.dtype) for fqn, md in wanted.items()
+                    if isinstance(md, TensorStorageMetadata)})
+
+    def load(fqn: str) -> torch.Tensor:
+        spec = entries[fqn]
+        assert isinstance(spec, TensorSpec)
+        one = {fqn: torch.empty(spec.shape, dtype=spec.dtype)}
+        dcp_load(one)
+        return one[fqn]
+
+    return import_streamed(storage, prefix, job, step, entries, load)
+
+
+def _as_bytes(value: Any) -> bytes:
+    """A DCP byte item as the bytes of a byte entry (a non-bytes object: its ``torch.save`` pickle)."""
+    if isinstance(value, io.BytesIO):
+        return value.getvalue()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
 
 
 def export_safetensors(storage: Storage, prefix: str, job: str, step: int, path: str | os.PathLike, *,
@@ -182,17 +196,52 @@ def export_safetensors(storage: Storage, prefix: str, job: str, step: int, path:
     return sorted(tensors)
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+                       "F8_E5M2": torch.float8_e5m2}
+
+
+def _safetensors_specs(path: str | os.PathLike) -> dict[str, TensorSpec]:
+    """Every tensor's shape and dtype from a safetensors file's header (nothing else is read).
+
+    Raises:
+        StorageError: not a readable safetensors file, or a dtype torch has no counterpart of.
+    """
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= 100 << 20:
+                raise ValueError(f"header length {n} is not that of a safetensors file")
+            header = json.loads(f.read(n))
+        specs = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ValueError(f"tensor {name!r} has dtype {info['dtype']}, which torch cannot hold")
+            specs[name] = TensorSpec(tuple(int(d) for d in info["shape"]), dtype)
+        return specs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise StorageError(f"{path} is not a readable safetensors file: {err}", key=os.fspath(path)) from err
+
+
 def import_safetensors(path: str | os.PathLike, storage: Storage, prefix: str, job: str, step: int) -> Manifest:
     """Import a safetensors file of full tensors as checkpoint ``step`` of ``job``: one rank, every tensor
     with the ``replicated`` pattern, so any layout loads it (the planner slices what each rank needs).
 
+    Streamed (:func:`~lifeline.checkpoint._streamed.import_streamed`): shapes and dtypes come from the
+    file's header, and each tensor is read (memory-mapped) only when its bytes are written, so a
+    model's weights larger than this machine's memory import too.
+
     Raises:
-        StorageError: ``path`` cannot be read or is not a safetensors file (naming it).
-        ManifestError, LayoutError: as :func:`save_states`.
+        StorageError: ``path`` cannot be read or is not a safetensors file (naming it); the storage failed.
+        ManifestError, LayoutError: as :func:`import_streamed`.
     """
+    specs = _safetensors_specs(path)
     try:
-        tensors = load_file(os.fspath(path))
-    except (OSError, ValueError, SafetensorError) as err:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            return import_streamed(storage, prefix, job, step, dict(specs), f.get_tensor)
+    except (SafetensorError, OSError) as err:
         raise StorageError(f"{path} is not a readable safetensors file: {err}", key=os.fspath(path)) from err
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    return save_states(storage, prefix, job, step, Layout(), PatternRules(default=Replicated()), [tensors])

@@ -28,7 +28,10 @@ Rules, in order:
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
    flight are filed) or :data:`SETTLE_SECONDS` passed since the first signal.
 3. **Recovering** becomes **Running** once every rank trained in the new generation.
-4. Otherwise **Running** when every rank is ready (or the job was running), else **Pending**.
+4. **Grow**: a job running below the spec's size after an elastic shrink, whose every rank trained
+   in the current generation, reshards back up when healthy nodes outside cool-down have room
+   (:func:`~lifeline.control.elastic.plan_grow`): a ``Reshard`` plan with no failure.
+5. Otherwise **Running** when every rank is ready (or the job was running), else **Pending**.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from lifeline.control.failures import (
     TrainerSilent,
     classify,
 )
+from lifeline.control.elastic import plan_grow
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
 from lifeline.control.state import ClusterState, JobState, StoredWindows, UpstreamLog
@@ -301,6 +305,25 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
     return signals
 
 
+def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: LayoutSpec, now: float) -> JobState:
+    cooling = {n: t for n, t in record.cool_downs.items() if t > now}
+    return JobState(
+        layout=layout,
+        node_of_rank=tuple(n or "" for n in observed.node_of_rank),
+        cluster=ClusterState(nodes=observed.cluster.nodes, cool_downs=tuple(sorted(cooling.items()))),
+        step=max(facts.progress.step, record.resumed_from),
+        generation=record.generation,
+        restarts=record.restarts,
+        holdings=facts.holdings,
+        latest_complete_step=facts.complete_step,
+        upstream_logs=facts.upstream_logs,
+        stored_windows=facts.stored_windows,
+        interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
+        resharded_from=record.plan.restore_step if record.plan is not None
+        and record.plan.action is RecoveryAction.RESHARD else None,
+    )
+
+
 def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: float,
            settle: Settle | None = None) -> Decision:
     """The job's next phase and, when something failed, the recovery plan (rules in the module docstring).
@@ -339,21 +362,7 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
         if settle is not None and not settle.quiet and now - settle.since < SETTLE_SECONDS:
             return Decision(record.phase, record.reason or record.phase, record.message, failures=failures,
                             settling=True, **base)
-        cooling = {n: t for n, t in record.cool_downs.items() if t > now}
-        state = JobState(
-            layout=layout,
-            node_of_rank=tuple(n or "" for n in observed.node_of_rank),
-            cluster=ClusterState(nodes=observed.cluster.nodes, cool_downs=tuple(sorted(cooling.items()))),
-            step=max(progress.step, record.resumed_from),
-            generation=g,
-            restarts=record.restarts,
-            holdings=facts.holdings,
-            latest_complete_step=facts.complete_step,
-            upstream_logs=facts.upstream_logs,
-            stored_windows=facts.stored_windows,
-            interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
-        )
-        plan = plan_recovery(state, failures, spec, now=now)
+        plan = plan_recovery(_job_state(record, observed, facts, layout, now), failures, spec, now=now)
         if plan.action is RecoveryAction.GIVE_UP:
             return Decision("Failed", "GiveUp", plan.reason, failures=failures, plan=plan, **base)
         return Decision("Recovering", plan.action.value, plan.reason, plan.generation, plan.layout,
@@ -365,6 +374,11 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
                             resumed=True, **base)
         return Decision("Recovering", record.reason or "Recovering", record.message, **base)
     unready = [r for r in range(world) if r not in observed.ready]
+    if record.phase == "Running" and facts is not None and facts.generation == g and progress.trained_in(g, world) \
+            and None not in observed.node_of_rank:
+        grow = plan_grow(_job_state(record, observed, facts, layout, now), spec, now=now)
+        if grow is not None:  # room came back: the spec's size again (nothing failed, no restart counted)
+            return Decision("Recovering", grow.action.value, grow.reason, grow.generation, grow.layout, plan=grow)
     if not unready or record.phase == "Running":
         return Decision("Running", "AllRanksReady", f"{world} ranks running, step {progress.step}", **base)
     return Decision("Pending", "PodsStarting", f"waiting for the pods of ranks {unready} to be Ready", **base)

@@ -7,7 +7,9 @@ classified failures and the spec, and returns a frozen :class:`RecoveryPlan` tha
 1. ``GiveUp`` when ``status.restarts`` already reached ``spec.recovery.maxRestarts``.
 2. ``Reshard`` when the ranks that lost their pod cannot all be placed on healthy nodes (no
    free capacity outside cool-down) and ``spec.recovery.elastic`` allows a smaller world:
-   fewer replica groups (data degree), world size >= ``minReplicas``.
+   fewer replica groups (data degree), world size >= ``minReplicas``
+   (:func:`lifeline.control.elastic.plan_shrink`; growing back is
+   :func:`~lifeline.control.elastic.plan_grow`, which the engine asks when nothing failed).
 3. ``RestartInPlace`` when no pod was lost: every rank reloads the latest step held in
    sidecar memory (its own L0, else a peer's L1); only the dead trainers are restarted.
 4. ``ReplacePods`` when pods were lost but every rank still has a memory copy (L0 of
@@ -34,13 +36,13 @@ from lifeline.api.recovery import (
     TIERS,
     Failure,
     FailureKind,
-    Holding,
     PodPlacement,
     RecoveryPlan,
     RestoreSource,
     Tier,
 )
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
+from lifeline.control.elastic import latest_covered, place, plan_shrink, usable_holdings, with_nodes
 from lifeline.control.placement import place_replicas
 from lifeline.control.state import JobState, UpstreamLog, stage_of
 from lifeline.errors import ConfigError, RecoveryError
@@ -109,10 +111,10 @@ def plan_recovery(
         return give_up(f"spec.recovery.maxRestarts ({rec.max_restarts}) reached; raise it to keep recovering")
 
     staying = {r: state.node_of_rank[r] for r in range(world) if r not in lost}
-    placed = _place(sorted(lost), staying, state, avoid)
+    placed = place(sorted(lost), staying, state, avoid)
     unplaced = [r for r, node in placed.items() if node is None]
     if unplaced and rec.elastic is not None:
-        plan = _reshard(state, spec, lost, avoid, common, what)
+        plan = plan_shrink(state, spec, lost, avoid, what=what, **common)
         if plan is not None:
             return plan
     node_of_rank = tuple(placed.get(r, state.node_of_rank[r]) for r in range(world))
@@ -124,12 +126,12 @@ def plan_recovery(
              why: str, replay_to: int | None = None) -> RecoveryPlan:
         return RecoveryPlan(
             action=action, restore_step=step, layout=state.layout, node_of_rank=node_of_rank,
-            restore_ranks=ranks, sources=_with_nodes(sources, state.node_of_rank),
+            restore_ranks=ranks, sources=with_nodes(sources, state.node_of_rank),
             restart_ranks=tuple(sorted(restart)), create_pods=create, delete_ranks=(),
             reason=f"{what}; {why}{wait}", replay_to_step=replay_to, **common,
         )
 
-    usable = _usable(state, lost)
+    usable = usable_holdings(state, lost)
     replay = _localized_replay(state, spec, lost | restart, usable, hang, lost)
     if replay is not None:
         step, src, ranks, stage = replay
@@ -139,8 +141,8 @@ def plan_recovery(
         return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
                     f"only stage {stage} failed: ranks {list(ranks)} restore {copy} {step} ({_farthest(src)}) and "
                     f"{steps}; the other stages keep their state", replay_to=state.step)
-    mem_step, mem_src = _latest_covered(everyone, usable, ("L0", "L1"), state.step)
-    any_step, any_src = _latest_covered(everyone, usable, TIERS, state.step)
+    mem_step, mem_src = latest_covered(everyone, usable, ("L0", "L1"), state.step)
+    any_step, any_src = latest_covered(everyone, usable, TIERS, state.step)
     window = _latest_window(everyone, {log.rank: log for log in state.upstream_logs}, spec, state.step)
     if window is not None and not _slots_survive(everyone, lost, state, spec):
         window = None
@@ -174,6 +176,11 @@ def plan_recovery(
         return plan(RecoveryAction.ROLLBACK, any_step, any_src, everyone,
                     f"memory tiers do not cover every rank; all ranks roll back to step {any_step}, the latest "
                     f"step every shard has a verified copy of (farthest tier {_farthest(any_src)})")
+    if state.resharded_from is not None:  # the new layout has no step of its own yet: reshard that one again
+        return plan(RecoveryAction.ROLLBACK, state.resharded_from, {}, everyone,
+                    f"no step of layout {state.layout.to_wire()} is covered yet; all ranks restore step "
+                    f"{state.resharded_from} again, resharded from the sidecars that still hold it or from L2, as "
+                    f"the elastic reshard that made this layout did")
     # the initial state is the one copy nothing can corrupt: a seeded trainer computes it again
     return plan(RecoveryAction.ROLLBACK, None, {}, everyone,
                 "no step has a verified copy of every shard in any tier (L0, L1, L2): all ranks start over "
@@ -182,70 +189,6 @@ def plan_recovery(
 
 def _farthest(sources: dict[int, RestoreSource]) -> Tier:
     return max((s.tier for s in sources.values()), key=TIERS.index)
-
-
-def _usable(state: JobState, gone: set[int]) -> dict[tuple[int, int], dict[Tier, Holding]]:
-    """Holdings whose holder survives, as ``(step, rank) -> {tier: holding}`` (lowest holder wins)."""
-    out: dict[tuple[int, int], dict[Tier, Holding]] = {}
-    for h in sorted(state.holdings, key=lambda h: (h.step, h.rank, TIERS.index(h.tier), h.holder or 0)):
-        if h.holder is not None and h.holder in gone:
-            continue
-        if h.tier == "L0" and h.holder != h.rank:
-            continue
-        out.setdefault((h.step, h.rank), {}).setdefault(h.tier, h)
-    return out
-
-
-def _latest_covered(
-    ranks: Sequence[int],
-    usable: dict[tuple[int, int], dict[Tier, Holding]],
-    tiers: Sequence[Tier],
-    max_step: int,
-) -> tuple[int | None, dict[int, RestoreSource]]:
-    """The latest step <= ``max_step`` where every rank in ``ranks`` has a usable holding in
-    ``tiers``, with the nearest-tier source of each; ``(None, {})`` when there is none."""
-    steps = sorted({step for step, _ in usable if step <= max_step}, reverse=True)
-    for step in steps:
-        sources: dict[int, RestoreSource] = {}
-        for rank in ranks:
-            by_tier = usable.get((step, rank), {})
-            tier = next((t for t in tiers if t in by_tier), None)
-            if tier is None:
-                break
-            sources[rank] = RestoreSource(rank, tier, by_tier[tier].holder, None)
-        else:
-            return step, sources
-    return None, {}
-
-
-def _with_nodes(sources: dict[int, RestoreSource], node_of_rank: Sequence[str]) -> tuple[RestoreSource, ...]:
-    """Sources ascending by rank, each with its holder's node (``None`` for L2)."""
-    return tuple(
-        RestoreSource(s.rank, s.tier, s.holder, None if s.holder is None else node_of_rank[s.holder])
-        for _, s in sorted(sources.items())
-    )
-
-
-def _place(
-    ranks: Sequence[int], staying: dict[int, str | None], state: JobState, avoid: set[str]
-) -> dict[int, str | None]:
-    """Put each of ``ranks`` on the least-loaded healthy node with room (ties: node name);
-    ``None`` when no node has room. Load counts the pods that stay."""
-    load: dict[str, int] = {}
-    for node in staying.values():
-        if node is not None:
-            load[node] = load.get(node, 0) + 1
-    candidates = [n for n in state.cluster.nodes if n.ready and n.schedulable and n.name not in avoid]
-    out: dict[int, str | None] = {}
-    for rank in ranks:
-        free = [n for n in candidates if n.capacity is None or load.get(n.name, 0) < n.capacity]
-        if not free:
-            out[rank] = None
-            continue
-        best = min(free, key=lambda n: (load.get(n.name, 0), n.name))
-        out[rank] = best.name
-        load[best.name] = load.get(best.name, 0) + 1
-    return out
 
 
 def _localized_replay(
@@ -267,7 +210,7 @@ def _localized_replay(
         return None
     stage = stages.pop()
     ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
-    step, sources = _latest_covered(ranks, usable, TIERS, state.step)
+    step, sources = latest_covered(ranks, usable, TIERS, state.step)
     logs = {log.rank: log for log in state.upstream_logs}
     window = _latest_window(ranks, logs, spec, state.step)
     if window is not None and (step is None or window > step) and _slots_survive(ranks, lost, state, spec):
@@ -345,49 +288,3 @@ def _neighbours(rank: int, layout: LayoutSpec) -> tuple[int, ...]:
     per_stage = layout.tensor * layout.expert * layout.data
     stage = stage_of(rank, layout)
     return tuple(rank + (s - stage) * per_stage for s in (stage - 1, stage + 1) if 0 <= s < layout.pipeline)
-
-
-def _reshard(
-    state: JobState, spec: TrainingJobSpec, lost: set[int], avoid: set[str], common: dict, what: str
-) -> RecoveryPlan | None:
-    """Shrink the data degree so the new world fits the healthy nodes' capacity; ``None`` if
-    no smaller world >= ``minReplicas`` fits or no step covers every shard."""
-    assert spec.recovery.elastic is not None
-    layout = state.layout
-    per_group = layout.tensor * layout.pipeline * layout.expert
-    healthy = [n for n in state.cluster.nodes if n.ready and n.schedulable and n.name not in avoid]
-    if any(n.capacity is None for n in healthy):
-        return None  # unlimited room: the lost pods can be placed, no reshard needed
-    slots = sum(n.capacity or 0 for n in healthy)
-    data = min(layout.data - 1, slots // per_group)
-    if data < 1 or data * per_group < spec.recovery.elastic.min_replicas:
-        return None
-    new_layout = layout.model_copy(update={"data": data})
-    new_world = new_layout.world_size
-    dropped = set(range(new_world, state.world_size))  # lost or not: no rank >= W' may keep a pod
-    # Every rank restarts in the new layout (new pods: the operator writes the layout into their
-    # env) and reads the universal checkpoint resharded from L2 (the restore path into another
-    # layout), so only steps complete in L2 qualify.
-    step, sources = _latest_covered(tuple(range(state.world_size)), _usable(state, lost), ("L2",), state.step)
-    if step is None:
-        return None
-    staying = {r: state.node_of_rank[r] for r in range(new_world) if r not in lost}
-    placed = _place(sorted(set(range(new_world)) - set(staying)), staying, state, avoid)
-    node_of_rank = tuple(staying.get(r, placed.get(r)) for r in range(new_world))
-    return RecoveryPlan(
-        action=RecoveryAction.RESHARD,
-        restore_step=step,
-        layout=new_layout,
-        node_of_rank=node_of_rank,
-        restore_ranks=tuple(range(new_world)),
-        sources=_with_nodes(sources, state.node_of_rank),
-        restart_ranks=tuple(sorted(staying)),
-        create_pods=tuple(PodPlacement(r, placed[r]) for r in sorted(placed)),
-        delete_ranks=tuple(sorted(dropped)),
-        reason=(
-            f"{what}; only {slots} pod slots on healthy nodes for world size {state.world_size}: resharding to "
-            f"data degree {data} (world size {new_world}, spec.recovery.elastic.minReplicas "
-            f"{spec.recovery.elastic.min_replicas}) from step {step}"
-        ),
-        **common,
-    )

@@ -97,6 +97,10 @@ class JobState:
         stored_windows: sparse windows committed to L2 per rank (empty without sparse checkpoints).
         interrupted: the action of a recovery still under way when this failure came (a failure
             during a localized replay falls back to a global rung).
+        resharded_from: the restore step of the elastic reshard that made the current layout (the
+            current generation's plan, when it is a ``Reshard``): until a step of the new layout is
+            covered, the holdings of the new ranks cover nothing, and a failure restores this step
+            again, resharded.
     """
 
     layout: LayoutSpec
@@ -110,6 +114,7 @@ class JobState:
     upstream_logs: tuple[UpstreamLog, ...] = ()
     stored_windows: tuple[StoredWindows, ...] = ()
     interrupted: RecoveryAction | None = None
+    resharded_from: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.node_of_rank) != self.layout.world_size:

@@ -41,6 +41,8 @@ class LaunchOptions:
         warm_start: start every spare first and start the ranks only when all are ready (for
             benchmarks and tests whose first failure must meet a warm pool); otherwise spares warm
             one at a time in the background once training runs.
+        node_return_seconds: a lost node is Ready again this many seconds after it was lost (a
+            repaired node rejoining; an elastic job then grows back); ``None``: lost for good.
     """
 
     state_dir: Path
@@ -55,6 +57,7 @@ class LaunchOptions:
     spares_per_node: int = 1
     standby_nodes: int = 1
     warm_start: bool = False
+    node_return_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("spares_per_node", "standby_nodes"):
@@ -96,6 +99,7 @@ class RecoveryRecord:
     caught_up_at: float | None = None
     spares: int = 0
     stragglers: list[int] = field(default_factory=list)
+    layout: dict[str, int] | None = None
 
     @property
     def fault_at(self) -> float:
@@ -128,7 +132,7 @@ class RecoveryRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"generation": self.generation, "action": self.action, "failures": self.failures,
                 "ranks": self.ranks, "from_step": self.from_step, "restore_step": self.restore_step,
-                "steps_lost": self.steps_lost, "tier": self.tier,
+                "steps_lost": self.steps_lost, "tier": self.tier, "layout": self.layout,
                 "seconds": None if self.seconds is None else round(self.seconds, 3),
                 "acted_seconds": None if self.acted_seconds is None else round(self.acted_seconds, 3),
                 "fault": self.fault,

@@ -57,6 +57,9 @@ def run_command(
     standby_nodes: int = typer.Option(1, "--standby-nodes", help="Free nodes that keep spares for replacements."),
     warm_start: bool = typer.Option(False, "--warm-start", help="Start the ranks only when every spare is ready "
                                     "(benchmarks, tests)."),
+    node_return_seconds: Optional[float] = typer.Option(
+        None, "--node-return-seconds", help="A lost node is Ready again after this many seconds (> 0; an elastic "
+        "job then grows back to its size). Default: lost for good."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Fail the run after this many seconds (> 0)."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (no live display)."),
 ) -> None:
@@ -67,7 +70,8 @@ def run_command(
 
     plan = check_run(job, steps=steps, state_dir=state_dir, inject=inject_failure or (), persist_uri=persist_uri,
                      s3_endpoint=s3_endpoint, spare_nodes=spare_nodes, slot_mib=slot_mib,
-                     spares_per_node=spares_per_node, standby_nodes=standby_nodes, timeout=timeout)
+                     spares_per_node=spares_per_node, standby_nodes=standby_nodes, timeout=timeout,
+                     node_return_seconds=node_return_seconds)
     from lifeline.launch.display import ProgressDisplay
     from lifeline.launch.local import write_run_record, write_summary
     from lifeline.launch.services import prepare_binaries
@@ -77,7 +81,8 @@ def run_command(
     options = LaunchOptions(
         state_dir=plan.state_dir, injections=plan.injections, persist_uri=persist_uri, s3_endpoint=s3_endpoint,
         spare_nodes=spare_nodes, slot_bytes=slot_mib << 20, timeout_seconds=timeout,
-        spares_per_node=spares_per_node, standby_nodes=standby_nodes, warm_start=warm_start)
+        spares_per_node=spares_per_node, standby_nodes=standby_nodes, warm_start=warm_start,
+        node_return_seconds=node_return_seconds)
     # SIGTERM (e.g. `kill`, `lifeline stop`) stops the run like Ctrl-C: every process and server started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     display = ProgressDisplay(enabled=not json_out)

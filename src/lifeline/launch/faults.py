@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lifeline.checkpoint import ShardMetadata, list_steps, read_manifest
-from lifeline.control import NodeState
 from lifeline.errors import LifelineError
 from lifeline.launch import _flip
 from lifeline.launch.inject import Injection
@@ -95,7 +94,7 @@ class Faults:
         for role in (("trainer", "sidecar") if node else inj.kills):
             pod.kill(role)
         if node:
-            self.sup.nodes[pod.node] = NodeState(pod.node, ready=False, capacity=1)
+            self.sup.returns.lose(pod.node)  # lost (and back after --node-return-seconds, when set)
             rec.nodes.append(pod.node)
 
     def _trainer(self, inj: Injection, rec: FiredFault) -> None:

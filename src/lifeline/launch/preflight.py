@@ -109,8 +109,11 @@ def _machine(job: TrainingJob, slot_mib: int, problems: list[tuple[str, str]]) -
 
 
 def _flags(*, steps: int | None, timeout: float | None, slot_mib: int, spare_nodes: int | None,
-           spares_per_node: int, standby_nodes: int) -> list[tuple[str, str]]:
+           spares_per_node: int, standby_nodes: int, node_return_seconds: float | None = None) -> list[tuple[str, str]]:
     out = []
+    if node_return_seconds is not None and not node_return_seconds > 0:
+        out.append(("--node-return-seconds", f"--node-return-seconds must be > 0 seconds (leave it out to keep lost "
+                    f"nodes lost), got {node_return_seconds:g}"))
     if steps is not None and steps < 1:
         out.append(("--steps", f"--steps must be >= 1, got {steps}"))
     if timeout is not None and not timeout > 0:
@@ -166,7 +169,7 @@ def _injections_fit(job: TrainingJob, injections: list[Injection], persist_uri: 
 def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state_dir: Path | None = None,
               inject: list[str] | tuple[str, ...] = (), persist_uri: str | None = None, s3_endpoint: str = "",
               spare_nodes: int | None = None, slot_mib: int = 64, spares_per_node: int = 1, standby_nodes: int = 1,
-              timeout: float | None = None) -> RunPlan:
+              timeout: float | None = None, node_return_seconds: float | None = None) -> RunPlan:
     """Validate a ``lifeline run`` (the spec file ``source`` and every flag, named as on the command line).
 
     Returns:
@@ -176,7 +179,8 @@ def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state
         ConfigError: every problem found, ``"; "``-joined on one line; ``field`` names the first.
     """
     problems = _flags(steps=steps, timeout=timeout, slot_mib=slot_mib, spare_nodes=spare_nodes,
-                      spares_per_node=spares_per_node, standby_nodes=standby_nodes)
+                      spares_per_node=spares_per_node, standby_nodes=standby_nodes,
+                      node_return_seconds=node_return_seconds)
     job: TrainingJob | None = None
     try:
         job = load_for_launch(source, steps=steps if steps is None or steps >= 1 else None)

@@ -6,9 +6,11 @@ the L2 store as real servers. Every round (``poll_seconds``, or at once when a p
 the catalog once, gathers what it sees (:func:`lifeline.launch._observe.observed_of`), asks
 :func:`lifeline.control.decide` — the operator's engine, same rules and timeouts from
 ``spec.recovery`` — and applies the plan: publish it in the catalog (survivors rejoin in their
-processes), restart dead trainers in place, replace lost "pods" on other nodes, or restart every rank
-in a new layout from L2 (``Reshard``). A run whose L2 store holds the job's checkpoints resumes from
-the latest one (generation 1, resharded when the spec's layout changed).
+processes), restart dead trainers in place, replace lost "pods" on other nodes, or change the layout
+(``Reshard``: shrink when lost ranks find no room, grow back when a lost node returns; the pods of
+ranks in both layouts stay and read the restore step from the sidecars' memory, see :mod:`._elastic`).
+A run whose L2 store holds the job's checkpoints resumes from the latest one (generation 1, resharded
+when the spec's layout changed).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from lifeline.api import FailureKind, RecoveryAction, RecoveryPlan, TrainingJob
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import Decision, NodeState, Progress, Record, Settle, decide
 from lifeline.errors import CatalogError, RecoveryError
+from lifeline.launch._elastic import NodeReturns, Retiring
 from lifeline.launch._fleet import Fleet
 from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
@@ -96,6 +99,8 @@ class Supervisor:
         self._waiter = ExitWaiter()
         self._last_holdings: frozenset | None = None
         self._catalog_down_since: float | None = None
+        self.retiring = Retiring()
+        self.returns = NodeReturns(self.nodes, options.node_return_seconds)
 
     @property
     def generation(self) -> int:
@@ -157,6 +162,7 @@ class Supervisor:
 
     def close(self) -> None:
         """Stop every process and server this supervisor started (idempotent)."""
+        self.retiring.release()
         if self.fleet is not None:
             self.fleet.close()
         self.watch.close()  # a MinIO restart under way finishes before the servers stop
@@ -217,6 +223,8 @@ class Supervisor:
             if self.first_step_at is None and self.snapshot.step > 0:
                 self.first_step_at = time.time()
             self._inject()
+            for node in self.returns.due(now):
+                self._event(f"{node} is Ready again")
             d = self._decide(view, now)
             if d.phase == "Succeeded":
                 self.final_view = self._read_catalog(time.time()) or view
@@ -278,9 +286,10 @@ class Supervisor:
                 raise
             return None
         self._catalog_down_since = None
-        for rank, pod in self.pods.items():  # (a lost pod's registration on its old node does not count)
+        for rank, pod in self.pods.items():  # (a lost or replaced pod's registration does not count)
             reg = view.registrations.get(rank)
-            if reg is not None and reg.node == pod.node and pod.exit_code("sidecar") is None:
+            if reg is not None and reg.node == pod.node and pod.exit_code("sidecar") is None \
+                    and reg.pid in (0, pod.pids().get("sidecar")):
                 pod.registered_at = now
         return view
 
@@ -315,13 +324,12 @@ class Supervisor:
             ranks=list(plan.failed_ranks), from_step=self.snapshot.step, restore_step=plan.restore_step,
             tier=plan.farthest_tier, started_at=now, failed_at=self._injected_at or self._fault_estimate,
             fault="injected" if self._injected_at is not None else "last_step", noticed_at=noticed,
-            planned_at=time.time()))
+            planned_at=time.time(),
+            layout=plan.layout.to_wire() if plan.action is RecoveryAction.RESHARD else None))
         record = self.snapshot.recoveries[-1]
         self._injected_at = self._fault_estimate = None
         if plan.action is RecoveryAction.RESHARD:
-            self._reshard(plan)
-            record.published_at = record.launched_at = time.time()
-            return
+            self._relayout(plan)
         self.catalog.put_plan(plan)
         record.published_at = time.time()
         gone = []
@@ -359,8 +367,7 @@ class Supervisor:
         are never restarted (their state is what the replay catches up to); gloo's collective timeout
         frees them at the latest."""
         recs = self.snapshot.recoveries
-        if not recs or recs[-1].resumed_at is not None or recs[-1].published_at is None \
-                or recs[-1].action == RecoveryAction.RESHARD.value:
+        if not recs or recs[-1].resumed_at is not None or recs[-1].published_at is None:
             return
         rec = recs[-1]
         if time.time() - rec.published_at < STRAGGLER_SECONDS:
@@ -379,23 +386,16 @@ class Supervisor:
                         f"after the plan: restarted in place")
             self._write_pids()
 
-    def _reshard(self, plan: RecoveryPlan) -> None:
-        """Stop every rank; start the plan's layout from the latest L2 checkpoint."""
-        assert self.services is not None and self.catalog is not None
-        assert self.fleet is not None
-        for pod in self.pods.values():
-            pod.stop(grace=0.5)
-        self.pods.clear()
+    def _relayout(self, plan: RecoveryPlan) -> None:
+        """Before publishing a ``Reshard`` plan: the new layout, and the dropped pods out of the fleet
+        (kept while their sidecars serve the restore step); the kept pods adopt the layout in place."""
+        assert self.catalog is not None
         self.layout = plan.layout
-        self.catalog.close()
-        self.catalog = self.services.catalog(self.name, self.layout.world_size)
-        start = self._resume_plan(generation=plan.generation, restarts=plan.restarts)
-        if start is None:
-            raise RecoveryError("resharding needs an L2 checkpoint and the L2 store holds none", job=self.name)
-        self.catalog.put_plan(start)
-        for rank in range(self.layout.world_size):
-            self._create_pod(rank, plan.node_of_rank[rank] or f"node-{rank}")
+        self.catalog.world_size = plan.layout.world_size
         self.snapshot.layout = self.layout
+        kept = self.retiring.take(plan, self.pods)
+        if kept:
+            self._event(f"ranks {kept} leave the layout once the new generation trains (their sidecars serve it)")
 
     def _close_recoveries(self, view: CatalogView) -> None:
         if not self.snapshot.recoveries:
@@ -405,6 +405,8 @@ class Supervisor:
         progress = Progress.of(view.reports.values(), view.generation)
         if rec.resumed_at is None and view.generation >= self.generation and progress.trained_in(self.generation, world):
             rec.resumed_at = time.time()
+            if self.retiring.pods:
+                self._event(f"stopped the pods of ranks {self.retiring.release()} (out of the layout)")
             self.record = replace(self.record, phase="Running", reason="Recovered")
             self.snapshot.phase = "Running"
             self._event(f"generation {rec.generation} resumed training after {rec.seconds:.2f} s")

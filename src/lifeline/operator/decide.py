@@ -29,7 +29,7 @@ from lifeline.operator.observe import (
 )
 from lifeline.operator.recorded import Recorded
 
-__all__ = ["Reconcile", "decide", "record_of", "recreated"]
+__all__ = ["Reconcile", "decide", "record_of", "recreated", "source_holders"]
 
 
 @dataclass(frozen=True)
@@ -156,19 +156,27 @@ def decide(spec: TrainingJobSpec, recorded: Recorded, obs: Observation, status: 
         handled = {(pod.get("metadata") or {}).get("uid", ""): terminations(pod) for pod in obs.pods.values()}
         recreate = recreated(d.plan, d.layout.world_size)
         condemned = set(obs.pods) | set(obs.terminating)  # terminating ones are force-deleted: the name is needed
-        return Reconcile(d, handled=handled, delete=tuple(sorted((recreate & condemned) | set(d.plan.delete_ranks))),
+        early = set(d.plan.delete_ranks) - source_holders(d.plan)
+        return Reconcile(d, handled=handled, delete=tuple(sorted((recreate & condemned) | early)),
                          create=tuple(sorted(recreate)), avoid_nodes=d.plan.avoid_nodes | avoid)
     if d.phase == "Succeeded":
         return Reconcile(d, avoid_nodes=avoid)
     create = missing if creating else ()
-    dropped = set(plan.delete_ranks) if plan is not None and creating else set()
+    # Pods an elastic reshard dropped: at once unless their sidecar is a source of the restore step
+    # (it serves the new layout's reads), and every one once the new generation trains.
+    beyond = {r for r in set(obs.pods) | set(obs.terminating) if r >= world}
+    dropped = beyond if d.phase != "Recovering" else beyond - (source_holders(plan) if plan is not None else set())
     delete = tuple(sorted(set(stale) | dropped | (set(create) & set(obs.terminating))))
     return Reconcile(d, create=create, delete=delete, avoid_nodes=avoid)
 
 
 def recreated(plan: RecoveryPlan, world: int) -> set[int]:
-    """Ranks whose pods ``plan`` (re)creates: its new placements, or every rank of the new layout
-    for a reshard (each pod's env carries the layout, and a pod's env cannot change)."""
-    if plan.action is RecoveryAction.RESHARD:
-        return set(range(world))
-    return {p.rank for p in plan.create_pods}
+    """Ranks whose pods ``plan`` (re)creates: its new placements. An elastic reshard keeps the pods of
+    ranks in both layouts (their trainers adopt the plan's layout in place, their sidecars keep
+    serving what they hold) and creates only the new ranks' and the lost ones'."""
+    return {p.rank for p in plan.create_pods if p.rank < world}
+
+
+def source_holders(plan: RecoveryPlan) -> set[int]:
+    """Ranks whose sidecars serve some shard of ``plan``'s restore step (kept until it trained)."""
+    return {s.holder for s in plan.sources if s.holder is not None}

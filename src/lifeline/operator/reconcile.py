@@ -165,9 +165,8 @@ def _force_delete(env: Env, name: str, namespace: str) -> None:
             raise
 
 
-def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconcile, before_create: Any = None) -> bool:
-    """Delete then create pods (calling ``before_create()`` in between, when given); True when
-    every pod of ``d.create`` exists afterwards.
+def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconcile) -> bool:
+    """Delete then create pods; True when every pod of ``d.create`` exists afterwards.
 
     Raises:
         lifeline.operator.spec.InvalidSpec: no pod can be built from the template, or the API
@@ -176,8 +175,6 @@ def _act_on_pods(env: Env, body: Mapping[str, Any], job: TrainingJob, d: Reconci
     ns = job.namespace
     for rank in d.delete:
         _force_delete(env, pod_name(job.name, rank), ns)
-    if before_create is not None:
-        before_create()
     complete = True
     config = env.pod_config
     for rank in d.create:
@@ -306,21 +303,12 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
                 recorded = Recorded.from_annotations({**(meta.get("annotations") or {}),
                                                       **patch["metadata"]["annotations"]})
         current = d.plan if d.plan is not None and d.plan.action is not RecoveryAction.GIVE_UP else recorded.plan
-        publish = None
         if current is not None and catalog.generation() < current.generation:
-            def publish() -> None:
-                catalog.put_plan(current)
-            if current.action is not RecoveryAction.RESHARD:
-                publish()  # survivors act on it in their processes
-                publish = None
-            # A reshard replaces every pod: the old trainers must not act on the plan (joining the
-            # new generation from a pod about to be deleted), so it is published between the
-            # deletes and the creates.
+            # survivors act on it in their processes (an elastic reshard's too: kept pods adopt its layout)
+            catalog.put_plan(current)
         if d.phase != "Failed" and (d.delete or d.create):
-            if _act_on_pods(env, body, job, d, before_create=publish) and recorded.applied < d.generation:
+            if _act_on_pods(env, body, job, d) and recorded.applied < d.generation:
                 _patch_job(env, job, Recorded.applied_patch(d.generation))
-        elif publish is not None:
-            publish()
         elif d.phase not in ("Failed", "Succeeded") and recorded.applied < d.generation:
             _patch_job(env, job, Recorded.applied_patch(d.generation))
         if recovery is None and current is not None and d.phase == "Recovering" and not any(
@@ -359,7 +347,8 @@ def _record_of(plan: RecoveryPlan, now: float) -> RecoveryRecord:
     """The ``status.recoveries[]`` record of a committed plan, started at ``now``."""
     return RecoveryRecord(generation=plan.generation, kind=plan.action, ranks=list(plan.failed_ranks),
                           from_step=plan.restore_step, tier=plan.farthest_tier,
-                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000])
+                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000],
+                          layout=plan.layout if plan.action is RecoveryAction.RESHARD else None)
 
 
 def _close_recovery(status: TrainingJobStatus, generation: int, now: float) -> RecoveryRecord | None:

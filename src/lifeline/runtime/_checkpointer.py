@@ -101,6 +101,13 @@ class StorageCheckpointer:
                 return  # not every rank has saved yet; the last one commits
         commit(self.storage, self.prefix, self.job, step, self.layout, shards)
 
+    def relayout(self, layout: Layout, world_size: int) -> None:
+        """Save and restore in ``layout`` from now on (``world_size`` ranks; an elastic reshard)."""
+        if layout.world_size != world_size:
+            raise CheckpointError(f"layout {layout.to_dict()} has {layout.world_size} ranks, not {world_size}",
+                                  job=self.job, rank=self.rank)
+        self.layout, self._plan, self._buffer = layout, None, None
+
     def latest_step(self) -> int | None:
         """The latest committed step, or ``None``."""
         steps = list_steps(self.storage, self.prefix, self.job)

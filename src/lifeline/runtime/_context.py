@@ -36,6 +36,8 @@ class RuntimeContext:
         restarts: recoveries this process went through.
         join_seconds: where the latest :meth:`join` spent its time (``rendezvous``: the store found
             or hosted; ``barrier``: every rank connected; ``process_group``: ``init_process_group``).
+        retired: an elastic reshard left this rank out of the current layout (:meth:`adopt`); the
+            trainer has nothing to do and exits 0.
     """
 
     settings: TrainerSettings
@@ -47,6 +49,7 @@ class RuntimeContext:
     catalog: Catalog | None = None
     restarts: int = 0
     join_seconds: dict[str, float] = field(default_factory=dict)
+    retired: bool = False
     _store: Any = field(default=None, repr=False)
     _gen_store: Any = field(default=None, repr=False)
 
@@ -202,13 +205,21 @@ class RuntimeContext:
             time.sleep(poll)
 
     def rejoin(self, generation: int) -> int:
-        """Tear down, then join ``generation`` — or a newer one published meanwhile. Returns the joined one."""
+        """Tear down, then join ``generation`` — or a newer one published meanwhile. Returns the joined one.
+
+        Raises:
+            Superseded: the newer generation has another layout (an elastic reshard): the caller must
+                adopt it (:meth:`adopt`) before joining, since the world size changes.
+        """
         while True:
             self.teardown()
             try:
                 self.join(generation)
                 return generation
             except Superseded as sup:
+                newer = self.plan(sup.generation)
+                if newer is not None and Layout.from_dict(newer.layout.to_wire()) != self.layout:
+                    raise
                 generation = sup.generation
 
     # --- progress ------------------------------------------------------------------------------
@@ -225,6 +236,27 @@ class RuntimeContext:
                 self.catalog.report(report)
             except CatalogError as err:  # progress is best-effort: training goes on while Redis is away
                 print(json.dumps({"event": "catalog_error", "rank": self.rank, "error": str(err)}), file=sys.stderr)
+
+    def adopt(self, plan: RecoveryPlan | None) -> bool:
+        """Take the layout of ``plan``'s generation when it differs from this context's (an elastic
+        reshard that kept this pod: its rank stays, its world size and coordinates change).
+
+        Returns:
+            ``False`` when this rank has no place in the plan's layout (the reshard retired it: the
+            trainer should stop, exit 0, and leave its sidecar serving what it holds), else ``True``.
+        """
+        if plan is None:
+            return True
+        layout = Layout.from_dict(plan.layout.to_wire())
+        if layout == self.layout:
+            return True
+        if self.rank >= layout.world_size:
+            return False
+        self.layout, self.world_size = layout, layout.world_size
+        self.settings = self.settings.model_copy(update={"world_size": layout.world_size, "layout": layout.to_dict()})
+        if self.catalog is not None:
+            self.catalog.world_size = layout.world_size
+        return True
 
     def close(self) -> None:
         """Tear down the process group and close the catalog connection."""
@@ -276,5 +308,14 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
     generation = settings.generation if settings.generation is not None else ctx.current_generation()
     ctx.generation = generation
     ctx.report("init", record=False)
-    ctx.rejoin(generation)
-    return ctx
+    while True:
+        plan = ctx.plan(generation) if generation > 0 else None
+        if not ctx.adopt(plan):  # a kept pod's trainer restarted after a reshard that has no place for its rank
+            ctx.retired = True
+            ctx.report("retired", world_size=plan.layout.world_size if plan is not None else None)
+            return ctx
+        try:
+            ctx.rejoin(generation)
+            return ctx
+        except Superseded as sup:  # a reshard changed the layout while joining: adopt it, then join
+            generation = sup.generation

@@ -60,13 +60,19 @@ class ModelSpec(Protocol):
 @dataclass(frozen=True)
 class TrainingSummary:
     """The end of :func:`run_training`: final ``step``, ``generation``, ``restarts`` of this process,
-    the ``restored`` steps in order, and ``last_loss`` (None off the last pipeline stage)."""
+    the ``restored`` steps in order, ``last_loss`` (None off the last pipeline stage), and
+    ``retired`` when an elastic reshard left this rank out of the layout before the last step."""
 
     step: int
     generation: int
     restarts: int
     restored: tuple[int, ...]
     last_loss: float | None
+    retired: bool = False
+
+
+class Retired(Exception):
+    """An elastic reshard's plan has no place for this rank (raised inside :func:`_recover`)."""
 
 
 _COLLECTIVE_MARKERS = ("gloo", "connection", "closed", "reset by peer", "timed out", "timeout", "broken pipe",
@@ -97,7 +103,9 @@ def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoin
     if trainer.step != step:
         raise RecoveryError(f"checkpoint of step {step} restored a trainer at step {trainer.step}",
                             job=ctx.job, rank=ctx.rank, step=step)
-    ctx.report("restore", step=step, seconds=round(time.perf_counter() - start, 6))
+    reshard = getattr(checkpointer, "last_reshard", None)
+    ctx.report("restore", step=step, seconds=round(time.perf_counter() - start, 6),
+               **(reshard.fields() if reshard is not None else {}))
     return trainer
 
 
@@ -152,12 +160,43 @@ def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
     ctx.report("join", record=False, connect=round(time.perf_counter() - start, 4), **ctx.join_seconds)
 
 
+def _relayout(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
+              plan: RecoveryPlan) -> Trainable:
+    """Adopt ``plan``'s layout when it differs (an elastic reshard kept this pod): the context and the
+    checkpointer switch layouts and the trainer is rebuilt for this rank's new coordinates, in this
+    process (its state is then restored from the universal checkpoint, resharded).
+
+    Raises:
+        Retired: the layout has no place for this rank.
+    """
+    before = ctx.layout
+    if not ctx.adopt(plan):
+        raise Retired(plan.generation)
+    if ctx.layout == before:
+        return trainer
+    relayout = getattr(checkpointer, "relayout", None)
+    if relayout is None:
+        raise RecoveryError(f"plan of generation {plan.generation} changes the layout to {ctx.layout.to_dict()}, "
+                            f"but {type(checkpointer).__name__} cannot", job=ctx.job, rank=ctx.rank)
+    relayout(ctx.layout, ctx.world_size)
+    start, step = time.perf_counter(), trainer.step
+    trainer = spec.build(ctx.layout, ctx.rank)
+    ctx.report("relayout", record=False, step=step, layout=ctx.layout.to_dict(), saved_layout=before.to_dict(),
+               build_seconds=round(time.perf_counter() - start, 4))
+    return trainer
+
+
 def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
              checkpointer: Checkpointer, log: UpstreamLog | None, sparse: SparseWindows | None = None
-             ) -> tuple[Trainable, int | None]:
+             ) -> tuple[Trainable, int | None, UpstreamLog | None, SparseWindows | None]:
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
-    peers keep failing. Returns the trainer and the restored step (0: initial state; ``None``: a
-    localized replay in another stage, this rank kept its state)."""
+    peers keep failing. Returns the trainer, the restored step (0: initial state; ``None``: a
+    localized replay in another stage, this rank kept its state), and the upstream log and sparse
+    windows (new ones after a change of layout).
+
+    Raises:
+        Retired: the plan's layout (an elastic reshard) has no place for this rank.
+    """
     while True:
         trainer.disconnect()
         ctx.teardown()
@@ -166,13 +205,23 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
         # recorded: the controller sees this rank left the old generation (a rank that never says so
         # is stuck in a collective it cannot leave, and gets restarted)
         ctx.report("plan", step=trainer.step, plan_generation=plan.generation, restore_step=plan.restore_step)
+        before = ctx.layout
+        trainer = _relayout(ctx, spec, trainer, checkpointer, plan)  # before joining: the world size may change
+        if ctx.layout != before:
+            log = _upstream_log(ctx, checkpointer)
+            sparse = _sparse_windows(ctx, checkpointer, log)
+            _attach(trainer, log)
         try:
             generation = ctx.rejoin(plan.generation)
             if generation != plan.generation:
-                plan = ctx.plan(generation) or plan  # joined a newer one: restore what it says
+                newer = ctx.plan(generation)
+                if newer is not None and newer.layout != plan.layout:  # another reshard came while joining:
+                    raise Superseded(generation)  # wait for its plan, adopt its layout, join
+                plan = newer or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
-            return _apply(ctx, spec, trainer, checkpointer, plan, log, sparse)
+            trainer, step = _apply(ctx, spec, trainer, checkpointer, plan, log, sparse)
+            return trainer, step, log, sparse
         except Exception as err:  # noqa: BLE001
             if not is_collective_error(err):
                 raise
@@ -197,6 +246,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         RecoveryError: no plan came before ``recovery_timeout_seconds``, or a restore failed.
         Any other exception of the trainer (a bug is not a collective error and is not retried).
     """
+    if ctx.retired:
+        return TrainingSummary(0, ctx.generation, 0, (), None, retired=True)
     built = time.perf_counter()
     trainer = model_spec.build(ctx.layout, ctx.rank)
     built = time.perf_counter() - built
@@ -271,7 +322,11 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 settle()
             except (LifelineError, OSError) as err:
                 ctx.report("save_failed", record=False, step=trainer.step, error=f"{type(err).__name__}: {err}"[:300])
-        trainer, step = _recover(ctx, model_spec, trainer, checkpointer, log, sparse)
+        try:
+            trainer, step, log, sparse = _recover(ctx, model_spec, trainer, checkpointer, log, sparse)
+        except Retired as retired:
+            ctx.report("retired", step=trainer.step, plan_generation=retired.args[0], world_size=ctx.world_size)
+            return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss, retired=True)
         if step is not None:
             restored.append(step)
     if overlap:

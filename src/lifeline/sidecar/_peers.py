@@ -17,8 +17,8 @@ class Peers:
     """Addresses from the catalog's registrations; placement recomputed when nodes change.
 
     Args:
-        settings: the sidecar's settings (job, rank, world size, replicas, chunk size, pod IP).
-        catalog: the job's catalog.
+        settings: the sidecar's settings (job, rank, replicas, chunk size, pod IP).
+        catalog: the job's catalog; its ``world_size`` is the current generation's.
         secret: the job's HMAC key (every connection and every frame is authenticated with keys from it).
         on_refuse: called with every :class:`AuthError` of these connections (a failed handshake
             or a refused frame), before it is raised; the sidecar counts ``errors_total{kind="auth"}``.
@@ -37,11 +37,15 @@ class Peers:
             PeerError: not every rank's sidecar is registered yet (placement needs every node).
             CatalogError: Redis is unreachable.
         """
+        world = self.catalog.world_size  # the current generation's (the heartbeat follows elastic reshards)
         regs = self.catalog.sidecars()
-        if len(regs) < self.s.world_size:
-            missing = sorted(set(range(self.s.world_size)) - set(regs))
+        if any(r not in regs for r in range(world)):
+            missing = sorted(set(range(world)) - set(regs))
             raise PeerError(f"placement waits for sidecars of ranks {missing} to register", job=self.s.job)
-        nodes = tuple(regs[r].node for r in range(self.s.world_size))
+        if self.s.rank >= world:
+            raise PeerError(f"rank {self.s.rank} has no place in the current world size {world} (an elastic reshard "
+                            "retired it): it keeps serving what it holds and replicates nothing", job=self.s.job)
+        nodes = tuple(regs[r].node for r in range(world))
         if nodes != self._nodes:
             self._placement = place_replicas(list(nodes), self.s.peer_replicas)
             self._nodes = nodes

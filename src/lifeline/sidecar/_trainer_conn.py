@@ -79,6 +79,16 @@ def serve_trainer(sc: Sidecar, conn: socket.socket, addr) -> None:
                     restoring[h.slot] = h
                     send_ctrl(conn, {"op": "slot", "slot": h.slot, "step": h.step, "nbytes": h.nbytes, "meta": h.meta,
                                      "tier": tier})
+                elif op == "pin":  # a held shard still in its arena slot, read in place (resharding restores)
+                    h = sc.store.pin("shard", int(msg["step"]), int(msg["rank"]))
+                    if h is not None and (h.slot is None or h.slot in restoring):
+                        sc.unpin(h)
+                        h = None
+                    if h is None:
+                        send_ctrl(conn, {"op": "missing"})
+                    else:
+                        restoring[h.slot] = h
+                        send_ctrl(conn, {"op": "slot", "slot": h.slot, "step": h.step, "nbytes": h.nbytes})
                 elif op == "release":
                     h = restoring.pop(int(msg["slot"]), None)
                     if h is not None:

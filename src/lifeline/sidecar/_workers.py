@@ -149,10 +149,10 @@ class Persister:
     """
 
     def __init__(self, due: PersistDue, storage: Storage, prefix: str, put: Callable[[str, memoryview], None], *,
-                 job: str, world_size: int, memory: Memory, link: CatalogLink, metrics: SidecarMetrics,
+                 job: str, memory: Memory, link: CatalogLink, metrics: SidecarMetrics,
                  marks: Watermarks, stopping: threading.Event) -> None:
         self.due, self.storage, self.prefix, self.put = due, storage, prefix, put
-        self.job, self.world_size = job, world_size
+        self.job = job
         self.memory, self.link, self.metrics, self.marks, self.stopping = memory, link, metrics, marks, stopping
 
     def run(self) -> None:
@@ -193,14 +193,15 @@ class Persister:
         log.info("persisted step %d rank %d", h.step, h.rank, extra={
             "event": "persisted", "step": h.step, "nbytes": h.nbytes, "seconds": time.perf_counter() - t0})
         catalog = self.link.catalog
-        if catalog.mark_persisted(h.step, h.rank):
-            metas = catalog.metas(h.step)
+        world = ShardMetadata.from_json(h.meta).layout.world_size  # the step's own (a reshard changes it)
+        if catalog.mark_persisted(h.step, h.rank, world):
+            metas = catalog.metas(h.step, world)
             missing = [r for r, m in enumerate(metas) if m is None]
             if missing:
                 raise CatalogError(f"metadata of ranks {missing} missing for step {h.step}", job=self.job, step=h.step)
             shards = [ShardMetadata.from_json(m) for m in metas if m is not None]
             commit(self.storage, self.prefix, self.job, h.step, shards[0].layout, shards)  # checks blobs; manifest last
-            for r in range(self.world_size):
+            for r in range(world):
                 catalog.add_holding(h.step, r, "L2")
             log.info("committed step %d to L2 (manifest written last)", h.step)
             if self.link.required_tier == "L2":
@@ -211,13 +212,28 @@ class Persister:
 
 class Heartbeat:
     """Refreshes the registration every ``period`` seconds (TTL: three periods); after a Redis restart
-    or outage re-registers every holding and re-tries advancing each held step."""
+    or outage re-registers every holding and re-tries advancing each held step. Follows the job's
+    generation: when a new generation's plan has another layout (an elastic reshard kept this pod),
+    the catalog's world size becomes the plan's, which placement and completeness then use."""
 
     def __init__(self, link: CatalogLink, memory: Memory, registration: Callable[[], SidecarRegistration], *,
                  period: float, metrics: SidecarMetrics, stopping: threading.Event,
                  on_change: Callable[[], None]) -> None:
         self.link, self.memory, self.registration, self.period = link, memory, registration, period
         self.metrics, self.stopping, self.on_change = metrics, stopping, on_change
+        self._generation = -1
+
+    def _follow_generation(self) -> None:
+        catalog = self.link.catalog
+        generation = catalog.generation()
+        if generation == self._generation:
+            return
+        plan = catalog.plan(generation) if generation > 0 else None
+        if plan is not None and plan.layout.world_size != catalog.world_size:
+            log.info("generation %d has world size %d (was %d): following it", generation, plan.layout.world_size,
+                     catalog.world_size)
+            catalog.world_size = plan.layout.world_size
+        self._generation = generation
 
     def run(self) -> None:
         catalog = self.link.catalog
@@ -229,6 +245,7 @@ class Heartbeat:
                 if self.link.dirty or not was:
                     self._resync(reg.rank)
                     self.link.dirty = False
+                self._follow_generation()
                 latest = catalog.latest_complete_step()
                 if latest is not None:
                     self.link.seen_complete(latest)

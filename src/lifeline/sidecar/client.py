@@ -327,6 +327,21 @@ class SidecarClient:
             self._call({"op": "release", "slot": slot}, "release")
         return RestoreResult(int(reply["step"]), reply["tier"], nbytes, time.perf_counter() - t0)
 
+    def pin_shard(self, step: int, rank: int) -> tuple[int, memoryview] | None:
+        """Pin rank's shard of ``step`` where this pod's sidecar holds it in an arena slot, and map it:
+        ``(slot, a read-only view of its bytes)``; ``None`` when not held there. The bytes are the
+        stored blob, unverified: the caller verifies what it reads (the loader checks every chunk).
+        :meth:`unpin_shard` releases it (the sidecar may evict it again)."""
+        reply = self._call({"op": "pin", "step": step, "rank": rank}, "pin")
+        if reply.get("op") != "slot":
+            return None
+        slot = int(reply["slot"])
+        return slot, self.arena.view(slot, int(reply["nbytes"])).toreadonly()
+
+    def unpin_shard(self, slot: int) -> None:
+        """Release a shard pinned by :meth:`pin_shard`."""
+        self._call({"op": "release", "slot": slot}, "release")
+
     def latest_complete_step(self) -> int | None:
         """The job's latest complete step (every rank verified at the required tier), None if none yet."""
         return self._call({"op": "latest"}, "latest")["step"]

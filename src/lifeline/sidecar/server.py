@@ -188,7 +188,7 @@ class Sidecar:
         if self.storage is not None:
             put = self.uploader.put if self.uploader is not None else self.storage.put
             self._spawn("persister", Persister(self.persist_due, self.storage, self.prefix, put, job=self.job,
-                                               world_size=s.world_size, **common).run)
+                                               **common).run)
             self.windows = WindowPersister(self.storage, self.prefix, put, job=self.job, rank=self.rank,
                                            memory=self.memory, link=self.link, metrics=self.metrics,
                                            stopping=self.stopping)

@@ -81,8 +81,9 @@ def _find(sc: Sidecar, key: LogKey, rank: int) -> tuple[memoryview, str]:
     candidates: list[int] = []
     try:
         regs = sc.catalog.sidecars()
-        if len(regs) == sc.s.world_size:
-            nodes = [regs[r].node for r in range(sc.s.world_size)]
+        world = sc.catalog.world_size
+        if all(r in regs for r in range(world)) and rank < world:
+            nodes = [regs[r].node for r in range(world)]
             candidates = list(place_replicas(nodes, sc.s.peer_replicas)[rank])
         candidates += [r for r in sorted(regs) if r not in candidates and r != sc.rank]
     except LifelineError:
