@@ -270,6 +270,9 @@ class Heartbeat:
         for h in self.memory.store.items():  # a copy filed meanwhile was just dropped too: file it again
             if h.kind == "shard" and h not in items:
                 catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
-        for step in sorted(steps):
-            self.link.seen_complete(catalog.try_advance(step, self.link.required_tier))
+        for step in sorted(steps, reverse=True):  # newest first: the complete step re-derived after a Redis
+            latest = catalog.try_advance(step, self.link.required_tier)  # restart is never an older one first
+            self.link.seen_complete(latest)
+            if latest >= step:
+                break
         log.info("catalog (re)registered %d holdings, dropped %d stale ones", len(items), stale)
