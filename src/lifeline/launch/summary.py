@@ -13,6 +13,7 @@ import torch
 
 from lifeline.checkpoint import Storage, list_steps
 from lifeline.control import ettr
+from lifeline.errors import StorageError
 
 __all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
 
@@ -48,11 +49,14 @@ def checksum_digest(metas: list[str | None]) -> str:
 
 def await_l2_step(storage: Storage, prefix: str, job: str, step: int, timeout: float) -> bool:
     """Poll until checkpoint ``step`` of ``job`` is committed in L2 (its manifest exists), at most
-    ``timeout`` seconds. Returns whether it is."""
+    ``timeout`` seconds, riding out storage errors (a store restarting). Returns whether it is."""
     deadline = time.monotonic() + timeout
     while True:
-        if step in list_steps(storage, prefix, job):
-            return True
+        try:
+            if step in list_steps(storage, prefix, job):
+                return True
+        except StorageError:  # the store is down for a while (a MinIO restart): keep asking
+            pass
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
