@@ -39,16 +39,16 @@ cores (a sidecar counted lost before it registered); heartbeats go every 2 s for
 
 
 def job_doc(name: str, *, pipeline: int = 2, data: int = 1, steps: int = 12, persist_every: int = 4,
-            uri: str = "file:///unused") -> dict:
+            uri: str = "file:///unused", model: dict | None = None) -> dict:
     """The trials' TrainingJob document: GPT-MoE :data:`MODEL` in ``pipeline x data``, every step in
     memory with one L1 replica and ``keep: 2``, L2 every ``persist_every`` steps, hangs after
     :data:`HANG_TIMEOUT_SECONDS`, a start-up grace of :data:`STARTUP_GRACE_SECONDS`, enough restarts for
-    cascades."""
+    cascades (``model``: other GPT-MoE arguments than :data:`MODEL`)."""
     return {
         "apiVersion": "lifeline.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {
             "replicas": pipeline * data, "layout": {"tensor": 1, "pipeline": pipeline, "data": data, "expert": 1},
-            "steps": steps, "seed": 7, "model": {"name": "gpt-moe", "args": dict(MODEL)},
+            "steps": steps, "seed": 7, "model": {"name": "gpt-moe", "args": dict(model or MODEL)},
             "template": {"spec": {"containers": [{"name": "trainer", "image": "lifeline:dev",
                                                   "command": ["python", "-m", "lifeline", "trainer"],
                                                   "env": [{"name": k, "value": v} for k, v in TEST_ENV.items()]}]}},

@@ -174,8 +174,10 @@ def crash_command(
 def chaos_command(
     trials: int = typer.Option(50, "--trials", help="Chaos trials (trial i has seed SEED + i)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the first trial's fault schedule (--trials 1 replays one)."),
-    steps: int = typer.Option(12, "--steps", help="spec.steps of every trial (a multiple of --persist-every)."),
-    persist_every: int = typer.Option(4, "--persist-every", help="L2 checkpoint interval (steps)."),
+    steps: int = typer.Option(None, "--steps", help="spec.steps of every trial, a multiple of --persist-every "
+                              "(default 12 locally, 48 on the dev cluster)."),
+    persist_every: int = typer.Option(None, "--persist-every", help="L2 checkpoint interval in steps (default 4 "
+                                      "locally, 8 on the dev cluster)."),
     pipeline: int = typer.Option(2, "--pipeline", help="Pipeline degree of the trials' layout."),
     data: int = typer.Option(1, "--data", help="Data degree of the trials' layout."),
     max_faults: int = typer.Option(2, "--max-faults", help="Faults drawn per trial (1..N), plus possibly one "
@@ -198,6 +200,9 @@ def chaos_command(
     from lifeline.bench._chaos_schedule import FAULTS
 
     drawn = tuple(f.strip() for f in faults.split(",") if f.strip())
+    cluster = bed == "devcluster"
+    steps = steps if steps is not None else (48 if cluster else 12)
+    persist_every = persist_every if persist_every is not None else (8 if cluster else 4)
     _check((trials < 1, "--trials", f"must be >= 1, got {trials}"),
            (seed < 0, "--seed", f"must be >= 0, got {seed}"),
            (persist_every < 1, "--persist-every", f"must be >= 1, got {persist_every}"),
@@ -213,7 +218,8 @@ def chaos_command(
     if bed == "devcluster":
         from lifeline.bench.chaos_cluster import run as run_cluster
 
-        typer.echo(json.dumps(run_cluster(trials=trials, seed=seed, workdir=state_dir, keep=keep), indent=1))
+        typer.echo(json.dumps(run_cluster(trials=trials, seed=seed, workdir=state_dir, keep=keep, max_faults=max_faults,
+                                          steps=steps, persist_every=persist_every), indent=1))
         return
     from lifeline.bench.chaos import run
 
