@@ -1,7 +1,8 @@
 """What ``lifeline bench chaos`` checks at the end of a trial, while every sidecar still runs.
 
 * :func:`audit_tiers`: every copy a reader can see — each L0 and L1 holding the catalog lists (the
-  newest :data:`RECENT_STEPS` steps) and every checkpoint committed to L2 — is read and verified against
+  newest :data:`RECENT_STEPS` steps) whose holder's sidecar is registered (one that is not — a lost
+  node's — is *stale*: no reader can get it) and every checkpoint committed to L2 — is read and verified against
   its checksums: the L0 copy in the rank's arena slot files, the L1 copy from the holding sidecar over
   the authenticated peer protocol, the L2 blobs from storage. A copy that fails is *torn* unless the
   trial flipped a byte in it on purpose (then it counts as a flipped copy still visible).
@@ -154,8 +155,13 @@ def audit_tiers(sup: Any, flipped: set[tuple[int, int, str]]) -> dict[str, Any]:
         out["flipped_visible" if (step, rank, tier) in flipped else "torn"].append(entry)
 
     steps = cat.steps()[-RECENT_STEPS:]
+    live = cat.sidecars()
     for h in sorted(cat.holdings_at(steps), key=lambda h: (h.step, h.rank, h.tier, h.holder or 0)):
         if h.tier == "L2":
+            continue
+        if h.holder not in live:  # its sidecar is gone (a lost node): no reader can get this copy
+            out["stale"].append({"step": h.step, "rank": h.rank, "tier": h.tier, "holder": h.holder,
+                                 "error": "the holder's sidecar is not registered"})
             continue
         raw = cat.meta(h.step, h.rank)
         if raw is None:

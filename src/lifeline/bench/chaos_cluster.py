@@ -170,6 +170,7 @@ def run(*, trials: int = 10, seed: int = 0, steps: int = 48, persist_every: int 
             out["reference"] = {k: ref[k] for k in ("phase", "error", "status")}
             return out
         out["reference"] = {"digest": ref["digest"], "wall_seconds": ref["wall_seconds"]}
+        never: dict[str, int] = {}
         fired, rungs, lost, failed, walls, checks = {}, {}, {}, [], [], {"torn": 0, "complete_step_regressions": 0,
                                                                           "flipped_copies": 0, "detected": 0,
                                                                           "gone_unread": 0}
@@ -178,7 +179,9 @@ def run(*, trials: int = 10, seed: int = 0, steps: int = 48, persist_every: int 
                             faults=CLUSTER_FAULTS)
             name = f"chaos-{seed + i}"
             s = run_trial(bed, spec, name, steps=steps, persist_every=persist_every)
-            reasons = verdict(s, ref) + [f"not fired: {x}" for x in s["not_fired"]]
+            reasons = verdict(s, ref)
+            for x in s["not_fired"]:  # e.g. armed for a recovery that never came: counted, not failed
+                never[x.split(":")[0]] = never.get(x.split(":")[0], 0) + 1
             walls.append(s["wall_seconds"])
             for f in s["faults"]:
                 key = f"flip:{f['tier']}" if f["kind"] == "flip" else f["kind"]
@@ -192,8 +195,10 @@ def run(*, trials: int = 10, seed: int = 0, steps: int = 48, persist_every: int 
                     lost.setdefault(row["name"], []).append(row["seconds"])
             checks["torn"] += len((s["audit"] or {}).get("torn", []))
             checks["complete_step_regressions"] += len(s["complete_step"]["regressions"])
-            for k in ("detected", "gone_unread"):
-                checks[k] += s["corruption"][k]
+            for k in ("detected", "gone_unread", "visible_unread"):
+                checks[k] = checks.get(k, 0) + s["corruption"][k]
+            checks["used"] = checks.get("used", 0) + len(s["corruption"]["used"])
+            checks["stale_holdings"] = checks.get("stale_holdings", 0) + len((s["audit"] or {}).get("stale", []))
             checks["flipped_copies"] += s["corruption"]["copies"]
             if reasons:
                 failed.append({"seed": seed + i, "faults": spec.describe(), "reasons": reasons,
@@ -203,6 +208,7 @@ def run(*, trials: int = 10, seed: int = 0, steps: int = 48, persist_every: int 
                 bed.delete(name)
             bed.heal()
         out.update({"passed": trials - len(failed), "failed": failed, "faults_fired": dict(sorted(fired.items())),
+                    "faults_not_fired": never,
                     "recoveries_per_rung": dict(sorted(rungs.items())),
                     "time_lost_seconds": {k: {"n": len(v), "median": median(v), "max": round(max(v), 3)}
                                           for k, v in sorted(lost.items())},

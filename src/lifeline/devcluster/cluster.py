@@ -263,10 +263,10 @@ class DevCluster:
         pid = self._state["pids"].get(self._service(name))
         if pid:
             _proc.kill_group(pid, signal.SIGKILL)
+            _proc.wait_until(lambda: not _proc.alive(pid), timeout=10, what=f"{name} to die", interval=0.02)
 
     def start_service(self, name: str) -> int:
-        """Start a killed ``redis`` (empty) or ``minio`` (same data, credentials) on its port; returns the
-        pid. Raises ClusterError when it runs, for another name, or when it does not answer."""
+        """Start a killed ``redis`` (empty) or ``minio`` (same data) on its port; returns the pid (ClusterError if not)."""
         from lifeline.devcluster.services import MinioServer, RedisServer
 
         self._store.load()

@@ -36,8 +36,9 @@ from lifeline.errors import ConfigError
 __all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "Injection", "parse_injection", "random_injections", "due"]
 
 KINDS = ("trainer", "sidecar", "node", "hang", "redis", "minio", "flip")
-SERVICE_KINDS = ("redis", "minio")
-"""Kinds that hit a shared service, not a rank (no ``rank`` field)."""
+SERVICE_KINDS = ("redis", "minio", "operator")
+"""Kinds that hit a shared service, not a rank (no ``rank`` field); ``operator`` (the operator's pod
+killed) exists on a cluster only (``lifeline bench chaos --bed devcluster``), not in :data:`KINDS`."""
 TIERS = ("L0", "L1", "L2")
 MINIO_OUTAGE_SECONDS = 3.0
 """A ``minio`` injection's outage unless ``seconds`` says otherwise."""
