@@ -122,7 +122,8 @@ def test_a_failure_before_the_new_layout_has_a_step_restores_the_reshard_step_ag
     plan = plan_recovery(state, crash, spec, now=NOW)
     assert plan.action is RecoveryAction.ROLLBACK and plan.restore_step == 51 and plan.restore_ranks == (0, 1, 2, 3)
     assert plan.layout == big and "restore step 51 again" in plan.reason
-    # without a reshard behind it, the same holdings are a give-up
+    # without a reshard behind it, the same holdings cover no step: every rank starts over (docs/control.md)
     bare = JobState(layout=big, node_of_rank=nodes, cluster=ClusterState(_nodes(0, 1, 2, 3)), step=51,
                     generation=3, restarts=1, holdings=_memory((50, 51), ("n0", "n2")))
-    assert plan_recovery(bare, crash, spec, now=NOW).action is RecoveryAction.GIVE_UP
+    over = plan_recovery(bare, crash, spec, now=NOW)
+    assert (over.action, over.restore_step, over.sources) == (RecoveryAction.ROLLBACK, None, ())

@@ -257,11 +257,12 @@ def test_sparse_windows_committed_to_l2_serve_when_memory_holds_nothing_newer():
     assert [s.tier for s in plan.sources] == ["L2", "L2"] and "sparse window starting at 32" in plan.reason
 
 
-def test_gives_up_without_any_verified_copy():
+def test_starts_over_from_the_initial_state_without_any_verified_copy():
     plan = plan_recovery(_state(_holdings(l2_steps=())), _lost("n2", "n3"), _spec(), now=NOW)
-    assert plan.action is RecoveryAction.GIVE_UP and plan.restore_step is None
-    assert "no step has a verified copy" in plan.reason
-    assert plan.generation == 4 and plan.restarts == 0
+    assert plan.action is RecoveryAction.ROLLBACK and plan.restore_step is None and plan.sources == ()
+    assert plan.restore_ranks == (0, 1, 2, 3) and "start over from the initial state" in plan.reason
+    assert plan.generation == 4 and plan.restarts == 1
+    assert {p.rank for p in plan.create_pods} == {2, 3} and None not in {p.node for p in plan.create_pods}
 
 
 def test_gives_up_after_max_restarts():
@@ -335,7 +336,8 @@ def test_every_plan_reads_only_surviving_copies(lost_nodes, crashed, l2, replay)
     plan = plan_recovery(state, failures, _spec(localizedReplay=replay), now=NOW)
     assert plan.generation == state.generation + 1
     lost_ranks = {r for r, n in enumerate(NODE_OF_RANK) if n in lost_nodes}
-    if plan.action is RecoveryAction.GIVE_UP:
+    if plan.restore_step is None:  # no common copy: every rank starts over from the initial state
+        assert plan.action is RecoveryAction.ROLLBACK and plan.sources == ()
         assert not l2 and ({"n0", "n1"} <= lost_nodes or {"n2", "n3"} <= lost_nodes)
         return
     assert plan.restore_step is not None and plan.restore_step <= state.step

@@ -4,7 +4,7 @@ Every benchmark takes ``--repeats`` (where it repeats) and ``--state-dir`` (wher
 bad values are one :class:`~lifeline.errors.ConfigError` naming the flag, before anything runs.
 ``bench recovery``'s 30-minute ETTR row is opt-in (``--ettr``); ``bench crash`` counts torn checkpoints after
 random SIGKILLs of savers and sidecars; ``bench reshard`` times a change of layout from memory, from L2 and
-with DCP."""
+with DCP; ``bench chaos`` runs jobs under seeded random faults."""
 
 from __future__ import annotations
 
@@ -172,6 +172,64 @@ def crash_command(
     from lifeline.bench.crash import run
 
     typer.echo(json.dumps(run(trials=counts, seed=seed, workdir=state_dir), indent=1))
+
+
+@app.command("chaos")
+def chaos_command(
+    trials: int = typer.Option(50, "--trials", help="Chaos trials (trial i has seed SEED + i)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the first trial's fault schedule (--trials 1 replays one)."),
+    steps: int = typer.Option(None, "--steps", help="spec.steps of every trial, a multiple of --persist-every "
+                              "(default 12 locally, 48 on the dev cluster)."),
+    persist_every: int = typer.Option(None, "--persist-every", help="L2 checkpoint interval in steps (default 4 "
+                                      "locally, 8 on the dev cluster)."),
+    pipeline: int = typer.Option(2, "--pipeline", help="Pipeline degree of the trials' layout."),
+    data: int = typer.Option(1, "--data", help="Data degree of the trials' layout."),
+    max_faults: int = typer.Option(2, "--max-faults", help="Faults drawn per trial (1..N), plus possibly one "
+                                   "during a recovery."),
+    faults: str = typer.Option("trainer,sidecar,node,hang,redis,minio,flip:L0,flip:L1,flip:L2", "--faults",
+                               help="Comma-separated faults to draw from."),
+    bed: str = typer.Option("local", "--bed", help="local (lifeline run) or devcluster (the process-node "
+                            "Kubernetes dev cluster, with operator kills)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
+    spares_per_node: int = typer.Option(0, "--spares-per-node", help="lifeline run's pre-warmed spares per node "
+                                        "(default 0: every restart is a fresh process)."),
+    reference: bool = typer.Option(True, "--reference/--no-reference", help="Run the failure-free reference "
+                                   "(the digest check needs it)."),
+    state_dir: str = _state_dir("Directory for the trials (default: a new temp dir; failed trials are kept)."),
+) -> None:
+    """Jobs under seeded random faults (kills, hangs, node loss, Redis and MinIO outages, flipped bytes in
+    L0/L1/L2, faults during recoveries): finished, bit-identical, nothing torn, every corruption detected."""
+    import json
+
+    from lifeline.bench._chaos_schedule import FAULTS
+
+    drawn = tuple(f.strip() for f in faults.split(",") if f.strip())
+    cluster = bed == "devcluster"
+    steps = steps if steps is not None else (48 if cluster else 12)
+    persist_every = persist_every if persist_every is not None else (8 if cluster else 4)
+    _check((trials < 1, "--trials", f"must be >= 1, got {trials}"),
+           (seed < 0, "--seed", f"must be >= 0, got {seed}"),
+           (persist_every < 1, "--persist-every", f"must be >= 1, got {persist_every}"),
+           (steps < 6 or steps % max(persist_every, 1) != 0, "--steps",
+            f"must be >= 6 and a multiple of --persist-every ({persist_every}), got {steps}"),
+           (pipeline < 1 or data < 1 or pipeline * data < 2, "--pipeline",
+            f"--pipeline x --data must be >= 2 ranks, got {pipeline} x {data}"),
+           (max_faults < 1, "--max-faults", f"must be >= 1, got {max_faults}"),
+           (not drawn or any(f not in FAULTS for f in drawn), "--faults",
+            f"must name faults among {', '.join(FAULTS)}, got {faults!r}"),
+           (bed not in ("local", "devcluster"), "--bed", f"must be local or devcluster, got {bed!r}"),
+           (spares_per_node < 0, "--spares-per-node", f"must be >= 0, got {spares_per_node}"), state_dir=state_dir)
+    if bed == "devcluster":
+        from lifeline.bench.chaos_cluster import run as run_cluster
+
+        typer.echo(json.dumps(run_cluster(trials=trials, seed=seed, workdir=state_dir, keep=keep, max_faults=max_faults,
+                                          steps=steps, persist_every=persist_every), indent=1))
+        return
+    from lifeline.bench.chaos import run
+
+    typer.echo(json.dumps(run(trials=trials, seed=seed, steps=steps, persist_every=persist_every, pipeline=pipeline,
+                              data=data, max_faults=max_faults, faults=drawn, workdir=state_dir, keep=keep,
+                              reference=reference, spares_per_node=spares_per_node), indent=1))
 
 
 def _changes(text: str) -> tuple[tuple[int, int], ...] | None:

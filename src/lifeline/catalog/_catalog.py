@@ -135,6 +135,21 @@ class Catalog:
         """Forget a copy of (step, rank) (evicted or found corrupt)."""
         self._call(self._r.srem, self.keys.holders(step, rank), holder_member(tier, holder))
 
+    def drop_stale(self, holder: int, held: Iterable[tuple[int, int, Tier]], *, recent_steps: int = 64) -> int:
+        """Forget the memory holdings (``L0``/``L1``) recorded for ``holder``'s sidecar at the
+        ``recent_steps`` newest steps that it does not hold (``held``: its ``(step, rank, tier)``):
+        left by an earlier incarnation of that sidecar (a lost pod, a restarted process) whose memory
+        died with it. Returns how many were dropped."""
+        keep = {(s, r, holder_member(t, holder)) for s, r, t in held}
+        steps = [int(x) for x in self._call(self._r.zrange, self.keys.steps, -recent_steps, -1)] \
+            if recent_steps > 0 else []
+        members = [holder_member("L0", holder), holder_member("L1", holder)]
+        p = self._r.pipeline(transaction=False)
+        drop = [(s, r, m) for s in steps for r in range(self.world_size) for m in members if (s, r, m) not in keep]
+        for s, r, m in drop:
+            p.srem(self.keys.holders(s, r), m)
+        return int(sum(self._call(p.execute) or [])) if drop else 0
+
     def holders(self, step: int, rank: int) -> frozenset[Holding]:
         """The recorded copies of (step, rank)."""
         return self._holdings_from({(step, rank): self._call(self._r.smembers, self.keys.holders(step, rank))})

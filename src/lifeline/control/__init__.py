@@ -49,6 +49,7 @@ from lifeline.control.failures import (
     PodGone,
     Signal,
     StepStalled,
+    TrainerSilent,
     classify,
 )
 from lifeline.control.interval import AdaptiveInterval, checkpoint_interval, daly_interval, young_interval
@@ -88,6 +89,7 @@ __all__ = [
     "SidecarState",
     "Signal",
     "StepStalled",
+    "TrainerSilent",
     "SystemCosts",
     "Tier",
     "StoredWindows",

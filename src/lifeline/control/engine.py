@@ -19,7 +19,10 @@ Rules, in order:
      ``collectiveGraceSeconds``: a dead peer's own signal (its exit, its silent sidecar) must
      have had time to show, so that a node loss is one recovery, not a restart in place first;
    * no step progress for ``hangTimeoutSeconds`` (measured from the newest report or the last
-     recovery, whichever is later) is a hang.
+     recovery, whichever is later) is a hang; while recovering, ranks that have said nothing since
+     the plan (trainers it restarted, still starting) get ``startupGraceSeconds`` from the plan first,
+     as a starting sidecar does (a liveness probe's initial delay); past it, a rank whose pod is
+     Ready but which still said nothing is frozen (``TrainerSilent``: its pod is replaced).
 
    :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
@@ -39,7 +42,14 @@ from typing import Protocol
 
 from lifeline.api.recovery import Failure, Holding, RecoveryPlan
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
-from lifeline.control.failures import CollectiveErrorReported, HeartbeatExpired, Signal, StepStalled, classify
+from lifeline.control.failures import (
+    CollectiveErrorReported,
+    HeartbeatExpired,
+    Signal,
+    StepStalled,
+    TrainerSilent,
+    classify,
+)
 from lifeline.control.elastic import plan_grow
 from lifeline.control.plan import plan_recovery
 from lifeline.control.progress import Progress, Report
@@ -279,6 +289,14 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
     progress = facts.progress
     if record.phase in ("Running", "Recovering") and progress.last_time is not None:
         since = max(progress.last_time, record.acted_at or 0.0)
+        rec = spec.recovery
+        silent = progress.silent_since(record.acted_at, world) \
+            if record.phase == "Recovering" and record.acted_at is not None else frozenset()
+        if silent:  # restarted trainers are still starting: the start-up grace first
+            since = max(since, record.acted_at + max(0.0, rec.startup_grace_seconds - rec.hang_timeout_seconds))
+            if now - record.acted_at > rec.startup_grace_seconds:  # past it, a running one is frozen
+                signals += [TrainerSilent(r, observed.node_of_rank[r], now - record.acted_at)
+                            for r in sorted(silent & observed.ready)]
         signals.append(StepStalled(progress.step, max(0.0, now - since)))
     if facts.generation == record.generation:
         grace = spec.recovery.collective_grace_seconds

@@ -27,6 +27,7 @@ __all__ = [
     "HeartbeatExpired",
     "StepStalled",
     "CollectiveErrorReported",
+    "TrainerSilent",
     "Signal",
     "classify",
 ]
@@ -94,7 +95,19 @@ class CollectiveErrorReported:
     detail: str = ""
 
 
-Signal = ContainerTerminated | PodGone | NodeCondition | HeartbeatExpired | StepStalled | CollectiveErrorReported
+@dataclass(frozen=True)
+class TrainerSilent:
+    """A rank whose trainer runs (its pod is Ready) said nothing for ``seconds`` since the current
+    recovery was acted on, past the start-up grace: frozen (SIGSTOP, a dead device), it reads no plan
+    and blocks its peers' rendezvous; nothing but replacing its pod frees them on Kubernetes."""
+
+    rank: int
+    node: str | None
+    seconds: float
+
+
+Signal = (ContainerTerminated | PodGone | NodeCondition | HeartbeatExpired | StepStalled | CollectiveErrorReported
+          | TrainerSilent)
 
 
 def classify(
@@ -130,7 +143,7 @@ def classify(
                 per_rank[rank] = failure
 
     for sig in signals:
-        if isinstance(sig, (ContainerTerminated, PodGone, HeartbeatExpired, CollectiveErrorReported)):
+        if isinstance(sig, (ContainerTerminated, PodGone, HeartbeatExpired, CollectiveErrorReported, TrainerSilent)):
             if not 0 <= sig.rank < world:
                 continue
         if isinstance(sig, NodeCondition):
@@ -148,6 +161,9 @@ def classify(
                              f"exit {sig.exit_code}" + (f" ({sig.reason})" if sig.reason else "")))
         elif isinstance(sig, PodGone):
             keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node, sig.reason))
+        elif isinstance(sig, TrainerSilent):
+            keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node,
+                         f"trainer silent {sig.seconds:.0f}s since the recovery began: its pod is replaced"))
         elif isinstance(sig, HeartbeatExpired):
             keep(Failure(FailureKind.SIDECAR_LOST, (sig.rank,), sig.node,
                          f"heartbeat expired {sig.age_seconds:.1f}s ago"))

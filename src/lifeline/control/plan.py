@@ -122,7 +122,7 @@ def plan_recovery(
     wait = f"; ranks {unplaced} wait for a node with room" if unplaced else ""
     everyone = tuple(range(world))
 
-    def plan(action: RecoveryAction, step: int, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
+    def plan(action: RecoveryAction, step: int | None, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
              why: str, replay_to: int | None = None) -> RecoveryPlan:
         return RecoveryPlan(
             action=action, restore_step=step, layout=state.layout, node_of_rank=node_of_rank,
@@ -181,7 +181,10 @@ def plan_recovery(
                     f"no step of layout {state.layout.to_wire()} is covered yet; all ranks restore step "
                     f"{state.resharded_from} again, resharded from the sidecars that still hold it or from L2, as "
                     f"the elastic reshard that made this layout did")
-    return give_up("no step has a verified copy of every shard in any tier (L0, L1, L2)")
+    # the initial state is the one copy nothing can corrupt: a seeded trainer computes it again
+    return plan(RecoveryAction.ROLLBACK, None, {}, everyone,
+                "no step has a verified copy of every shard in any tier (L0, L1, L2): all ranks start over "
+                "from the initial state")
 
 
 def _farthest(sources: dict[int, RestoreSource]) -> Tier:

@@ -49,6 +49,7 @@ class Progress:
         failures: ``(rank, detail, time)`` of ranks whose latest event is a ``failure`` in the
             generation passed to :meth:`of`.
         latest: ``(rank, generation, event, step)`` of each rank's latest report, by rank.
+        times: ``(rank, time)`` of each rank's latest report (seconds since the epoch), by rank.
     """
 
     step: int = 0
@@ -57,6 +58,7 @@ class Progress:
     done_ranks: frozenset[int] = frozenset()
     failures: tuple[tuple[int, str, float], ...] = ()
     latest: tuple[tuple[int, int, str, int], ...] = ()
+    times: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def of(cls, reports: Iterable[Report], generation: int) -> Progress:
@@ -73,7 +75,14 @@ class Progress:
             failures=tuple(sorted((r.rank, r.error, r.time) for r in reports
                                   if r.event == "failure" and r.generation == generation)),
             latest=tuple(sorted((r.rank, r.generation, r.event, r.step or 0) for r in reports)),
+            times=tuple(sorted((r.rank, r.time) for r in reports)),
         )
+
+    def silent_since(self, t: float, world_size: int) -> frozenset[int]:
+        """Ranks ``< world_size`` with no report at or after ``t`` (seconds since the epoch): e.g.
+        trainers a recovery restarted that are still starting."""
+        spoke = {rank for rank, at in self.times if at >= t}
+        return frozenset(r for r in range(world_size) if r not in spoke)
 
     def trained_in(self, generation: int, world_size: int) -> bool:
         """True when every rank ``< world_size`` reported a step (or finished) in ``generation``

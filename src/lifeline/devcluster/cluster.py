@@ -257,6 +257,37 @@ class DevCluster:
                                key=node)
         os.kill(pid, signal.SIGCONT if thaw else signal.SIGSTOP)
 
+    def kill_service(self, name: str) -> None:
+        """SIGKILL the ``redis`` or ``minio`` server (its data dir stays). Raises ClusterError for another name."""
+        self._store.load()
+        pid = self._state["pids"].get(self._service(name))
+        if pid:
+            _proc.kill_group(pid, signal.SIGKILL)
+            _proc.wait_until(lambda: not _proc.alive(pid), timeout=10, what=f"{name} to die", interval=0.02)
+
+    def start_service(self, name: str) -> int:
+        """Start a killed ``redis`` (empty) or ``minio`` (same data) on its port; returns the pid (ClusterError if not)."""
+        from lifeline.devcluster.services import MinioServer, RedisServer
+
+        self._store.load()
+        pid = self._state["pids"].get(self._service(name))
+        if pid and _proc.alive(pid):
+            raise ClusterError(f"{name} is already running (pid {pid})", key=name)
+        server = RedisServer(state_dir=self.state_dir / "redis", port=self.ports.redis) if name == "redis" else \
+            MinioServer(state_dir=self.state_dir / "minio", port=self.ports.minio,
+                        access_key=self.minio_access_key, secret_key=self.minio_secret_key)
+        pid = server.start().detach()
+        self._store.load()
+        self._state["pids"][name] = pid
+        self._store.save()
+        return pid
+
+    @staticmethod
+    def _service(name: str) -> str:
+        if name not in ("redis", "minio"):
+            raise ClusterError(f"unknown service {name!r}; the dev cluster runs redis and minio", key=name)
+        return name
+
     def kill_container(self, pod: str, container: str | None = None, *, namespace: str = "default") -> None:
         """SIGKILL one container's process group (the node restarts it per the pod's restartPolicy).
 

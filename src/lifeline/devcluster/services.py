@@ -105,6 +105,25 @@ class _Server:
             self._proc.wait()
             self._proc = None
 
+    @property
+    def running(self) -> bool:
+        """Whether the server process started here is alive (it may not answer yet)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the server process (a crash; fault injection) and reap it; its data stays.
+        :meth:`restart` brings it back on the same port."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def restart(self):
+        """Stop the server if it runs, then start it again on the same port with the same state
+        dir (a crashed server's replacement); returns ``self``. Raises :class:`ClusterError` like
+        :meth:`start`."""
+        self._kill()
+        return self.start()
+
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove its temp state dir."""
         self._kill()

@@ -70,7 +70,9 @@ class LaunchOptions:
 class RecoveryRecord:
     """One recovery: when it was acted on and resumed (seconds since epoch), what it did.
 
-    Timeline (seconds since epoch): ``failed_at`` (the kill, for an injected failure), ``noticed_at``
+    Timeline (seconds since epoch): ``failed_at`` (the fault: the injection, for an injected failure —
+    ``fault`` is ``"injected"`` — else the newest step report before the failure was seen — ``fault`` is
+    ``"last_step"``: the last moment the job is known to have worked), ``noticed_at``
     (the supervisor saw the first failure signal), ``started_at`` (the round that planned began),
     ``planned_at`` (``lifeline.control`` returned the plan), ``published_at`` (the plan is in the
     catalog), ``launched_at`` (every restarted or replacement process started), ``resumed_at``
@@ -88,6 +90,7 @@ class RecoveryRecord:
     tier: str | None
     started_at: float
     failed_at: float | None = None
+    fault: str = "injected"
     noticed_at: float | None = None
     planned_at: float | None = None
     published_at: float | None = None
@@ -99,17 +102,27 @@ class RecoveryRecord:
     layout: dict[str, int] | None = None
 
     @property
+    def fault_at(self) -> float:
+        """When the failure happened (``failed_at``; when it was acted on if unknown)."""
+        return self.failed_at if self.failed_at is not None else self.started_at
+
+    @property
     def seconds(self) -> float | None:
-        """Failure acted on → every rank trained in the new generation."""
+        """The fault → every rank trained in the new generation: detection included."""
+        return None if self.resumed_at is None else self.resumed_at - self.fault_at
+
+    @property
+    def acted_seconds(self) -> float | None:
+        """Failure acted on → every rank trained in the new generation (the recovery alone)."""
         return None if self.resumed_at is None else self.resumed_at - self.started_at
 
     @property
     def to_same_step_seconds(self) -> float | None:
-        """Failure (the kill, for an injected one; else when it was acted on) → every rank trained
-        past the step the job had reached: time to training resumed at the same step, rework included."""
+        """The fault (:attr:`fault_at`) → every rank trained past the step the job had reached: the
+        time lost, detection and rework included."""
         if self.caught_up_at is None:
             return None
-        return self.caught_up_at - (self.failed_at if self.failed_at is not None else self.started_at)
+        return self.caught_up_at - self.fault_at
 
     @property
     def steps_lost(self) -> int | None:
@@ -121,7 +134,9 @@ class RecoveryRecord:
                 "ranks": self.ranks, "from_step": self.from_step, "restore_step": self.restore_step,
                 "steps_lost": self.steps_lost, "tier": self.tier, "layout": self.layout,
                 "seconds": None if self.seconds is None else round(self.seconds, 3),
-                "detect_seconds": None if self.failed_at is None else round(self.started_at - self.failed_at, 3),
+                "acted_seconds": None if self.acted_seconds is None else round(self.acted_seconds, 3),
+                "fault": self.fault,
+                "detect_seconds": round(self.started_at - self.fault_at, 3),
                 "to_same_step_seconds": None if self.to_same_step_seconds is None
                 else round(self.to_same_step_seconds, 3), "spares": self.spares, "stragglers": self.stragglers,
                 "timeline": {k: round(v, 4) for k, v in (
@@ -144,6 +159,7 @@ class Snapshot:
     loss: float | None = None
     tokens_per_s: float | None = None
     tiers: dict[str, int | None] = field(default_factory=dict)
+    complete_step: int | None = None
     recoveries: list[RecoveryRecord] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
@@ -152,20 +168,35 @@ class Snapshot:
 @dataclass
 class Tally:
     """What the trainers' reports add up to over a run: each step's time and each save's stall
-    (keyed ``(generation, rank, step)``, first report wins) and the highest step each rank reached."""
+    (keyed ``(generation, rank, step)``, first report wins), the highest step each rank reached and
+    when the newest step report was written (``last_step_at``, seconds since the epoch).
+
+    It also watches the catalog's latest complete step, which must never move backwards:
+    ``complete_samples`` rounds read it, ``complete_unavailable`` of them found none (a fresh or
+    restarted catalog), and ``complete_regressions`` lists ``(time, highest seen, value read)`` for
+    every read below the highest seen before.
+    """
 
     step_seconds: dict[tuple[int, int, int], float] = field(default_factory=dict)
     stall_seconds: dict[tuple[int, int, int], float] = field(default_factory=dict)
     seen_step: dict[int, int] = field(default_factory=dict)
+    last_step_at: float | None = None
+    complete_samples: int = 0
+    complete_unavailable: int = 0
+    complete_highest: int | None = None
+    complete_regressions: list[tuple[float, int, int]] = field(default_factory=list)
 
     def observe(self, view: CatalogView, snap: Snapshot, layout: LayoutSpec) -> None:
         """Take this round's reports into the tally and the display's snapshot."""
         snap.generation = view.generation
         snap.tiers = tier_steps(view.holdings, layout.world_size)
         snap.step = max((r.step or 0 for r in view.reports.values()), default=0)
+        self._complete(view.complete_step)
+        snap.complete_step = view.complete_step
         for rank, rec in view.reports.items():
             key = (rec.generation, rank, rec.step or 0)
             if rec.event == "step":
+                self.last_step_at = max(self.last_step_at or 0.0, rec.time)
                 if rec.get("seconds") is not None:
                     self.step_seconds.setdefault(key, float(rec.get("seconds")))
                 if rec.get("loss") is not None:
@@ -176,6 +207,21 @@ class Tally:
                 self.stall_seconds.setdefault(key, float(rec.get("seconds")))
             if rec.event in ("step", "save", "done"):
                 self.seen_step[rank] = max(self.seen_step.get(rank, 0), rec.step or 0)
+
+    def _complete(self, step: int | None) -> None:
+        self.complete_samples += 1
+        if step is None:
+            self.complete_unavailable += 1
+            return
+        if self.complete_highest is not None and step < self.complete_highest:
+            self.complete_regressions.append((time.time(), self.complete_highest, step))
+        self.complete_highest = step if self.complete_highest is None else max(self.complete_highest, step)
+
+    def complete_summary(self) -> dict[str, Any]:
+        """``{"samples", "unavailable", "highest", "regressions": [{"at", "from", "to"}]}``."""
+        return {"samples": self.complete_samples, "unavailable": self.complete_unavailable,
+                "highest": self.complete_highest,
+                "regressions": [{"at": round(t, 4), "from": a, "to": b} for t, a, b in self.complete_regressions]}
 
 
 class _PodLike(Protocol):

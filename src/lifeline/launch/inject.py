@@ -1,14 +1,30 @@
 """Failure injection for local runs: ``--inject-failure trainer:rank=1:step=20``.
 
-Kinds:
+Kinds (what :mod:`lifeline.launch.faults` does when one fires):
 
 * ``trainer`` — SIGKILL the rank's trainer process (its sidecar keeps L0: a crash).
 * ``sidecar`` — SIGKILL the rank's sidecar (its L0 copies and the L1 copies it held are lost).
 * ``node`` — SIGKILL sidecar and trainer together and mark the rank's node lost (a node failure:
   the rank moves to another node and restores from a peer's L1 copy).
 * ``hang`` — SIGSTOP the rank's trainer (no progress: the hang timeout detects it).
+* ``redis`` — SIGKILL the Redis server; the launcher restarts it, empty, on the same address (a Redis
+  pod without persistence) and repairs what only it knows (the job's ACL user, the current plan, the
+  L2 holdings); sidecars re-register their holdings themselves. No ``rank``.
+* ``minio`` — SIGKILL the run's MinIO server and restart it ``seconds`` later (default 3) on the same
+  address and data directory: an object-store outage. No ``rank``; needs the MinIO ``lifeline run``
+  starts (an ``s3://`` L2 URI without ``--s3-endpoint``).
+* ``flip`` — flip one byte of a copy of the rank's newest checkpoint at ``tier``, then cause the
+  failure that makes Lifeline read that copy: ``L0`` (the rank's own arena slot) with a trainer
+  SIGKILL (its restart in place reads L0), ``L1`` (every peer's in-memory replica, through
+  ``/proc/PID/mem``) with the loss of the rank's node (its replacement reads L1), ``L2`` (the rank's
+  blob of the newest step committed to storage) with the loss of the rank's node and of the nodes
+  holding its replicas (only L2 holds its shard). The corruption must be detected and the copy not used
+  (DESIGN.md invariant 4).
 
-Each fires once, when the catalog shows the rank reported ``step`` (or later).
+Fields: ``rank=R`` (process kinds and ``flip``), ``step=S`` (always), ``tier=L0|L1|L2`` (``flip``),
+``seconds=D`` (``minio``), ``when=recovery`` (any kind): fire once the rank (any rank, for ``redis`` and
+``minio``) reported ``step`` or later — with ``when=recovery`` only while a recovery is in progress
+(a plan published, training not yet resumed): a fault during a recovery.
 """
 
 from __future__ import annotations
@@ -17,74 +33,155 @@ from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
 
-__all__ = ["KINDS", "Injection", "parse_injection", "random_injections", "due"]
+__all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "Injection", "parse_injection", "random_injections", "due"]
 
-KINDS = ("trainer", "sidecar", "node", "hang")
+KINDS = ("trainer", "sidecar", "node", "hang", "redis", "minio", "flip")
+SERVICE_KINDS = ("redis", "minio", "operator")
+"""Kinds that hit a shared service, not a rank (no ``rank`` field); ``operator`` (the operator's pod
+killed) exists on a cluster only (``lifeline bench chaos --bed devcluster``), not in :data:`KINDS`."""
+TIERS = ("L0", "L1", "L2")
+MINIO_OUTAGE_SECONDS = 3.0
+"""A ``minio`` injection's outage unless ``seconds`` says otherwise."""
 
 
 @dataclass(frozen=True)
 class Injection:
-    """Kill ``kind`` of ``rank`` once its reported step reaches ``step``."""
+    """Inject ``kind`` once ``rank`` reported ``step`` (see the module docstring).
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        rank: the rank hit (0 for the service kinds, whose ``step`` counts on any rank).
+        step: fire when the step reported reaches this.
+        tier: ``L0``/``L1``/``L2`` for ``flip``, else ``None``.
+        seconds: a ``minio`` outage's length, seconds (``None``: :data:`MINIO_OUTAGE_SECONDS`).
+        when: ``"recovery"``: only while a recovery is in progress; ``None``: at once.
+    """
 
     kind: str
     rank: int
     step: int
+    tier: str | None = None
+    seconds: float | None = None
+    when: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.kind}:rank={self.rank}:step={self.step}"
+        parts = [self.kind] + ([] if self.kind in SERVICE_KINDS else [f"rank={self.rank}"]) + [f"step={self.step}"]
+        if self.tier is not None:
+            parts.append(f"tier={self.tier}")
+        if self.seconds is not None:
+            parts.append(f"seconds={self.seconds:g}")
+        if self.when is not None:
+            parts.append(f"when={self.when}")
+        return ":".join(parts)
 
     @property
     def kills(self) -> tuple[str, ...]:
-        """The roles it SIGKILLs: ``trainer`` and/or ``sidecar`` (none for a hang, which SIGSTOPs)."""
+        """The roles of ``rank`` it SIGKILLs: ``trainer`` and/or ``sidecar`` (a hang SIGSTOPs; a flip
+        kills what its tier needs, see the module docstring; the service kinds kill a server)."""
+        if self.kind == "flip":
+            return ("trainer",) if self.tier == "L0" else ("trainer", "sidecar")
         return {"trainer": ("trainer",), "sidecar": ("sidecar",), "node": ("trainer", "sidecar")}.get(self.kind, ())
 
+    @property
+    def loses_node(self) -> bool:
+        """Whether the rank's node is marked lost (``node``; ``flip`` at L1 or L2)."""
+        return self.kind == "node" or (self.kind == "flip" and self.tier in ("L1", "L2"))
 
-def due(pending: list[Injection], reached: dict[int, int]) -> list[Injection]:
-    """Remove from ``pending`` and return the injections whose rank reached their step
-    (``reached``: rank -> the highest step it reported)."""
-    fire = [inj for inj in pending if reached.get(inj.rank, 0) >= inj.step]
+    @property
+    def outage_seconds(self) -> float:
+        """A ``minio`` injection's outage, seconds."""
+        return MINIO_OUTAGE_SECONDS if self.seconds is None else self.seconds
+
+
+def due(pending: list[Injection], reached: dict[int, int], *, recovering: bool = False) -> list[Injection]:
+    """Remove from ``pending`` and return the injections that fire now.
+
+    Args:
+        pending: injections not fired yet (changed in place).
+        reached: rank -> the highest step it reported.
+        recovering: a recovery is in progress (``when=recovery`` injections fire only then).
+    """
+    top = max(reached.values(), default=0)
+    fire = [inj for inj in pending
+            if (top if inj.kind in SERVICE_KINDS else reached.get(inj.rank, 0)) >= inj.step
+            and (inj.when is None or recovering)]
     for inj in fire:
         pending.remove(inj)
     return fire
 
 
+_FIELDS = ("rank", "step", "tier", "seconds", "when")
+
+
 def parse_injection(text: str, *, world_size: int | None = None, steps: int | None = None) -> Injection:
-    """Parse ``KIND:rank=R:step=S`` (fields in any order after the kind).
+    """Parse ``KIND:rank=R:step=S[:tier=T][:seconds=D][:when=recovery]`` (fields in any order after the kind).
 
     Raises:
-        ConfigError: unknown kind or field, a missing or non-integer field, a rank outside the
-            world size, or a step outside ``[1, steps)`` (``field`` is ``--inject-failure``).
+        ConfigError: unknown kind or field, a missing, non-integer or misplaced field (``rank`` on a
+            service kind, ``tier`` off ``flip``, ``seconds`` off ``minio``), a rank outside the world
+            size, a step outside ``[1, steps)``, a tier not L0/L1/L2, seconds not in (0, 600], or
+            ``when`` not ``recovery`` (``field`` is ``--inject-failure``).
     """
-    fix = f"write KIND:rank=R:step=S with KIND one of {', '.join(KINDS)}, e.g. node:rank=1:step=20"
+    fix = (f"write KIND:rank=R:step=S with KIND one of {', '.join(KINDS)} (redis:step=S, minio:step=S:seconds=D, "
+           "flip:rank=R:step=S:tier=L0|L1|L2; any kind may add :when=recovery), e.g. node:rank=1:step=20")
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--inject-failure {text!r}: {why}; {fix}", field="--inject-failure")
+
     kind, *parts = text.strip().split(":")
     if kind not in KINDS:
-        raise ConfigError(f"--inject-failure {text!r}: unknown kind {kind!r}; {fix}", field="--inject-failure")
-    values: dict[str, int] = {}
+        raise bad(f"unknown kind {kind!r}")
+    values: dict[str, str] = {}
     for part in parts:
         name, eq, value = part.partition("=")
-        if not eq or name not in ("rank", "step"):
-            raise ConfigError(f"--inject-failure {text!r}: unknown field {part!r}; {fix}", field="--inject-failure")
-        try:
-            values[name] = int(value)
-        except ValueError:
-            raise ConfigError(f"--inject-failure {text!r}: {name} must be an integer; {fix}",
-                              field="--inject-failure") from None
-    missing = [n for n in ("rank", "step") if n not in values]
+        if not eq or name not in _FIELDS:
+            raise bad(f"unknown field {part!r}")
+        values[name] = value
+    for name in ("rank", "step"):
+        if name in values:
+            try:
+                int(values[name])
+            except ValueError:
+                raise bad(f"{name} must be an integer") from None
+    service = kind in SERVICE_KINDS
+    missing = [n for n in (("step",) if service else ("rank", "step")) + (("tier",) if kind == "flip" else ())
+               if n not in values]
     if missing:
-        raise ConfigError(f"--inject-failure {text!r}: missing {', '.join(missing)}; {fix}", field="--inject-failure")
-    rank, step = values["rank"], values["step"]
+        raise bad(f"missing {', '.join(missing)}")
+    if service and "rank" in values:
+        raise bad(f"{kind} hits a shared server, not a rank: leave out rank")
+    if "tier" in values and kind != "flip":
+        raise bad("tier applies to flip only")
+    if "seconds" in values and kind != "minio":
+        raise bad("seconds applies to minio only")
+    rank, step = int(values.get("rank", 0)), int(values["step"])
     if rank < 0 or (world_size is not None and rank >= world_size):
         raise ConfigError(f"--inject-failure {text!r}: rank {rank} outside [0, {world_size})", field="--inject-failure")
     if step < 1 or (steps is not None and step >= steps):
         raise ConfigError(f"--inject-failure {text!r}: step {step} outside [1, {steps}) (it must happen before the "
                           "last step)", field="--inject-failure")
-    return Injection(kind, rank, step)
+    tier = values.get("tier")
+    if tier is not None and tier not in TIERS:
+        raise bad(f"tier {tier!r} is not one of {', '.join(TIERS)}")
+    seconds = None
+    if "seconds" in values:
+        try:
+            seconds = float(values["seconds"])
+        except ValueError:
+            raise bad("seconds must be a number") from None
+        if not 0 < seconds <= 600:
+            raise bad(f"seconds {seconds:g} outside (0, 600]")
+    when = values.get("when")
+    if when is not None and when != "recovery":
+        raise bad(f"when={when!r}: the only moment is when=recovery")
+    return Injection(kind, rank, step, tier, seconds, when)
 
 
 def random_injections(seed: int, kinds: tuple[str, ...], *, world_size: int, steps: int,
                       first_step: int = 2) -> tuple[Injection, ...]:
     """One injection per entry of ``kinds`` at seeded random ranks and strictly increasing steps in
-    ``[first_step, steps - 1)``; deterministic for a given ``seed`` (for tests and benchmarks)."""
+    ``[first_step, steps - 1)``; deterministic for a given ``seed`` (for tests and benchmarks).
+    Entries ``flip:L0`` etc. name a flip's tier; service kinds get rank 0."""
     import random
 
     rng = random.Random(seed)
@@ -92,4 +189,9 @@ def random_injections(seed: int, kinds: tuple[str, ...], *, world_size: int, ste
     if len(span) < len(kinds):
         raise ConfigError(f"{len(kinds)} failures need more than {steps} steps", field="steps")
     chosen = sorted(rng.sample(span, len(kinds)))
-    return tuple(Injection(kind, rng.randrange(world_size), step) for kind, step in zip(kinds, chosen))
+    out = []
+    for kind, step in zip(kinds, chosen):
+        base, _, tier = kind.partition(":")
+        rank = rng.randrange(world_size)
+        out.append(Injection(base, 0 if base in SERVICE_KINDS else rank, step, tier or None))
+    return tuple(out)

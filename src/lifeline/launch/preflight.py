@@ -146,6 +146,26 @@ def _l2(job: TrainingJob | None, persist_uri: str | None, s3_endpoint: str) -> l
     return []
 
 
+def _injections_fit(job: TrainingJob, injections: list[Injection], persist_uri: str | None,
+                    s3_endpoint: str) -> list[tuple[str, str]]:
+    """Injections the run cannot carry out: an outage of a MinIO it does not start, a flip at a tier
+    the job does not use."""
+    uri = persist_uri or (job.spec.checkpoint.persist.uri if job.spec.checkpoint.persist else None)
+    own_minio = uri is not None and uri.startswith("s3://") and not s3_endpoint
+    out = []
+    for inj in injections:
+        if inj.kind == "minio" and not own_minio:
+            out.append(("--inject-failure", f"--inject-failure {inj}: the run starts no MinIO to take down; use an "
+                        "s3:// L2 URI (spec.checkpoint.persist.uri or --persist-uri) without --s3-endpoint"))
+        if inj.kind == "flip" and inj.tier == "L2" and uri is None:
+            out.append(("--inject-failure", f"--inject-failure {inj}: the job has no L2 store; set "
+                        "spec.checkpoint.persist or --persist-uri"))
+        if inj.kind == "flip" and inj.tier == "L1" and job.spec.checkpoint.peer_replicas < 1:
+            out.append(("--inject-failure", f"--inject-failure {inj}: the job keeps no L1 copies; set "
+                        "spec.checkpoint.peerReplicas >= 1"))
+    return out
+
+
 def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state_dir: Path | None = None,
               inject: list[str] | tuple[str, ...] = (), persist_uri: str | None = None, s3_endpoint: str = "",
               spare_nodes: int | None = None, slot_mib: int = 64, spares_per_node: int = 1, standby_nodes: int = 1,
@@ -178,6 +198,8 @@ def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state
         except ConfigError as err:
             problems.append(("--inject-failure", err.message))
     problems += _l2(job, persist_uri, s3_endpoint)
+    if job is not None:
+        problems += _injections_fit(job, injections, persist_uri, s3_endpoint)
     if job is not None:
         _machine(job, max(slot_mib, 1), problems)
     target = state_dir or (Path(".state") / "run" / str(job.name) if job is not None else None)

@@ -13,6 +13,7 @@ import torch
 
 from lifeline.checkpoint import Storage, list_steps
 from lifeline.control import ettr
+from lifeline.errors import StorageError
 
 __all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
 
@@ -48,33 +49,57 @@ def checksum_digest(metas: list[str | None]) -> str:
 
 def await_l2_step(storage: Storage, prefix: str, job: str, step: int, timeout: float) -> bool:
     """Poll until checkpoint ``step`` of ``job`` is committed in L2 (its manifest exists), at most
-    ``timeout`` seconds. Returns whether it is."""
+    ``timeout`` seconds, riding out storage errors (a store restarting). Returns whether it is."""
     deadline = time.monotonic() + timeout
     while True:
-        if step in list_steps(storage, prefix, job):
-            return True
+        try:
+            if step in list_steps(storage, prefix, job):
+                return True
+        except StorageError:  # the store is down for a while (a MinIO restart): keep asking
+            pass
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+
+
+def _time_lost(recoveries: list[Any]) -> float:
+    """Seconds from each fault to training past the step reached, once per chain of recoveries (a
+    recovery that starts before the previous one caught up — a failure during a recovery, a restore
+    that failed — continues its chain: the chain loses from its first fault to its last catch-up)."""
+    total, first, end = 0.0, None, None
+    for r in recoveries:
+        if first is None or end is not None:  # a new chain: the previous one caught up (or none)
+            if first is not None and end is not None:
+                total += end - first
+            first = r.fault_at
+        end = r.caught_up_at
+    if first is not None and end is not None:
+        total += end - first
+    return max(0.0, total)
 
 
 def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, Any] | None) -> dict[str, Any]:
     """The run's summary as a JSON-ready dict.
 
     Fields: ``job``, ``phase``, ``steps`` (target), ``step`` (reached), ``layout``,
-    ``generation``, ``restarts``, ``wall_seconds``, ``step_seconds`` (median step time of the
-    trainers), ``recovery_seconds`` (sum over recoveries: acted on → every rank trained again),
+    ``generation``, ``restarts``, ``wall_seconds`` (the caller's: building dependencies left out),
+    ``step_seconds`` (median step time of the trainers), ``recovery_seconds`` (sum over recoveries:
+    the fault → every rank trained again, detection included), ``time_lost_seconds`` (sum over chains
+    of recoveries: the fault → training past the step reached, detection and rework included),
     ``lost_seconds`` (wall time not spent on kept steps: recovery, redone steps, start-up),
     ``ettr`` (:func:`lifeline.control.ettr`: kept step time over wall time),
-    ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``resumed_from`` (the L2 step a
-    restarted run began at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``),
-    ``state_dir``.
+    ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``faults`` (each injection that
+    fired, :class:`lifeline.launch.faults.FiredFault`), ``service_restarts`` (servers brought back),
+    ``complete_step`` (the latest complete step as sampled every round: samples, rounds without one,
+    regressions — it must never move backwards), ``resumed_from`` (the L2 step a restarted run began
+    at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``), ``state_dir``.
     """
     snap = sup.snapshot
     steps_run = [v for v in sup.step_seconds.values() if v > 0]
     step_seconds = statistics.median(steps_run) if steps_run else None
     stall = sum(sup.stall_seconds.values()) / max(1, sup.layout.world_size)
     recovery = sum(r.seconds or 0.0 for r in snap.recoveries)
+    time_lost = _time_lost(snap.recoveries)
     kept = snap.step - (sup.resumed_from or 0)
     ratio = breakdown = None
     if step_seconds and wall_seconds > 0 and kept > 0:
@@ -94,10 +119,14 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
         "wall_seconds": round(wall_seconds, 3),
         "step_seconds": None if step_seconds is None else round(step_seconds, 6),
         "recovery_seconds": round(recovery, 3),
+        "time_lost_seconds": round(time_lost, 3),
         "lost_seconds": None if breakdown is None else round(breakdown.wall - breakdown.productive, 3),
         "checkpoint_stall_seconds": round(stall, 4),
         "ettr": None if ratio is None else round(ratio, 4),
         "recoveries": [r.to_dict() for r in snap.recoveries],
+        "faults": [f.to_dict() for f in getattr(sup.faults, "fired", ())],
+        "service_restarts": dict(getattr(sup.watch, "restarts", {})),
+        "complete_step": sup.tally.complete_summary(),
         "resumed_from": sup.resumed_from,
         "final_loss": snap.loss,
         "digest": digest,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from lifeline.api import RecoveryAction, RecoveryPlan, TrainingJob
+from lifeline.api import FailureKind, RecoveryAction, RecoveryPlan, TrainingJob
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import Decision, NodeState, Progress, Record, Settle, decide
 from lifeline.errors import CatalogError, RecoveryError
@@ -32,7 +32,9 @@ from lifeline.launch._pods import Pod
 from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot, Tally, stuck_ranks
 from lifeline.launch._resume import final_digest, resume_plan
 from lifeline.launch._wait import ExitWaiter
+from lifeline.launch._watch import ServiceWatch
 from lifeline.launch.env import Secrets
+from lifeline.launch.faults import Faults
 from lifeline.launch.inject import Injection, due
 from lifeline.launch.services import Services, start_services
 
@@ -86,6 +88,9 @@ class Supervisor:
         self.step_seconds, self.stall_seconds = self.tally.step_seconds, self.tally.stall_seconds
         self._failing_since: float | None = None
         self._injected_at: float | None = None
+        self._fault_estimate: float | None = None  # the last step before a failure nobody injected
+        self.faults: Faults | None = None
+        self.watch = ServiceWatch(self)
         self.first_step_at: float | None = None
         self.resumed_from: int | None = None
         self.final_view: CatalogView | None = None
@@ -147,6 +152,7 @@ class Supervisor:
             self._event(f"resuming from L2 step {start.restore_step}: {start.reason}")
         self.fleet = Fleet(self.job, self.options, self.services, self.secrets, self.nodes, self.log_dir)
         self.pods = self.fleet.pods
+        self.faults = Faults(self)
         if self.options.warm_start:
             self.fleet.warm(self.layout.world_size)
             self._event(f"{len(self.fleet.pool.spares)} spares ready")
@@ -159,6 +165,7 @@ class Supervisor:
         self.retiring.release()
         if self.fleet is not None:
             self.fleet.close()
+        self.watch.close()  # a MinIO restart under way finishes before the servers stop
         self._waiter.close()
         if self.catalog is not None:
             try:
@@ -206,6 +213,7 @@ class Supervisor:
         deadline = None if self.options.timeout_seconds is None else time.monotonic() + self.options.timeout_seconds
         last_pids = 0.0
         while True:
+            self.watch.tick()  # a crashed Redis or MinIO comes back (docs/launch.md, "Services")
             now = time.time()
             view = self._read_catalog(now)
             if view is None:  # Redis did not answer this round: look again (what the operator does)
@@ -247,10 +255,13 @@ class Supervisor:
         observed = observed_of(self.pods, self.nodes, view, self.layout.world_size)
         since = self._failing_since if self._failing_since is not None else now
         d = decide(self.job.spec, self.record, observed, now=now, settle=Settle(since, quiet(view, self._last_holdings, self.pods, self._failing_since, now)))
+        if d.failures and self._fault_estimate is None:  # when it broke, for a failure nobody injected
+            self._fault_estimate = self.tally.last_step_at or now
         if d.failures and d.plan is None:
             self._failing_since = since
         elif not d.failures:
             self._failing_since = None
+            self._fault_estimate = None
         if d.plan is None and d.phase != self.record.phase:
             self.record = replace(self.record, phase=d.phase, reason=d.reason, message=d.message)
             self.snapshot.phase = d.phase
@@ -287,18 +298,14 @@ class Supervisor:
         self._waiter.wait(self.fleet.processes() if self.fleet is not None else [], seconds)
 
     def _inject(self) -> None:
-        for inj in due(self.pending, self.tally.seen_step):
-            pod = self.pods.get(inj.rank)
-            if pod is None:
-                continue
-            self._injected_at = self._injected_at or time.time()
-            self._event(f"injecting {inj} (rank {inj.rank} at step {self.tally.seen_step.get(inj.rank)})")
-            for role in inj.kills:
-                pod.kill(role)
-            if inj.kind == "node":
-                self.returns.lose(pod.node)
-            if inj.kind == "hang":
-                pod.hang()
+        assert self.faults is not None
+        recs = self.snapshot.recoveries
+        recovering = bool(recs) and recs[-1].resumed_at is None
+        for inj in due(self.pending, self.tally.seen_step, recovering=recovering):
+            fired = self.faults.fire(inj)
+            if fired.recovers:  # time lost counts from here (service faults call for no recovery)
+                self._injected_at = self._injected_at or fired.at
+            self._event(f"injecting {inj} (at step {fired.step})" + (f": {fired.note}" if fired.note else ""))
 
     def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None) -> None:
         assert self.catalog is not None
@@ -315,11 +322,12 @@ class Supervisor:
         self.snapshot.recoveries.append(RecoveryRecord(
             generation=plan.generation, action=plan.action.value, failures=[f.describe() for f in plan.failures],
             ranks=list(plan.failed_ranks), from_step=self.snapshot.step, restore_step=plan.restore_step,
-            tier=plan.farthest_tier, started_at=now, failed_at=self._injected_at, noticed_at=noticed,
+            tier=plan.farthest_tier, started_at=now, failed_at=self._injected_at or self._fault_estimate,
+            fault="injected" if self._injected_at is not None else "last_step", noticed_at=noticed,
             planned_at=time.time(),
             layout=plan.layout.to_wire() if plan.action is RecoveryAction.RESHARD else None))
         record = self.snapshot.recoveries[-1]
-        self._injected_at = None
+        self._injected_at = self._fault_estimate = None
         if plan.action is RecoveryAction.RESHARD:
             self._relayout(plan)
         self.catalog.put_plan(plan)
@@ -334,6 +342,11 @@ class Supervisor:
                 raise RecoveryError(f"no node has room for rank {placement.rank}; run with more --spare-nodes",
                                     job=self.name, rank=placement.rank)
             self._create_pod(placement.rank, placement.node)
+        if any(f.kind is FailureKind.HANG for f in plan.failures):  # a hung trainer reads no plan: restart
+            for rank in plan.restart_ranks:                          # every one the plan names, now
+                pod = self.pods.get(rank)
+                if pod is not None and pod.exit_code("trainer") is None:
+                    pod.kill("trainer")
         replaced = {p.rank for p in plan.create_pods}
         started = set(replaced)
         for rank in range(self.layout.world_size):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 
 from lifeline.api.recovery import RecoveryPlan
@@ -144,13 +145,26 @@ def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointe
         kept = ctx.rank not in plan.restore_ranks
         trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse)
         return trainer, None if kept else plan.restore_step or 0
-    if sparse is not None and restore_window(ctx, trainer, plan, sparse) is not None:
+    step = plan.restore_step
+    if step is None:  # the catalog knew no complete copy (e.g. its Redis restarted empty): ask storage
+        step = _agreed_latest(checkpointer)
+    if sparse is not None and plan.restore_step is not None and restore_window(ctx, trainer, plan, sparse) is not None:
         sparse.converting = plan.restore_step  # the loop applies the window's later slots
     else:
-        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
+        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, step), log)
     if log is not None:
         log.restart_at(trainer.step)
-    return trainer, plan.restore_step or 0
+    return trainer, step or 0
+
+
+def _agreed_latest(checkpointer: Checkpointer) -> int | None:
+    """The latest complete step that every rank's ``checkpointer.latest_step()`` sees (an all-reduce
+    MIN over the joined generation's ranks: a step committed to L2 while the ranks asked is seen by
+    some only, and the older one is committed for all); ``None`` when some rank sees none."""
+    step = checkpointer.latest_step()
+    agreed = torch.tensor([-1 if step is None else step], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return None if int(agreed.item()) < 0 else int(agreed.item())
 
 
 def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
@@ -257,11 +271,12 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
-    if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
+    if plan is not None:
         trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse)
-        if step is not None and plan.restore_step is not None:
+        if step:
             restored.append(step)
-    elif plan is None and (start_step := checkpointer.latest_step()) is not None:
+    elif (start_step := _agreed_latest(checkpointer)) is not None:
+        # a job started again: the latest checkpoint the catalog or L2 holds, else the initial state
         trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step), log)
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,

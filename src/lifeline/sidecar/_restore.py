@@ -81,6 +81,7 @@ class Restorer:
             try:
                 _format.verify(h.meta, h.buf, rank=rank, step=step, tier="L0")
                 if h.slot is not None:
+                    log.info("restored step %d rank %d from %s", step, rank, "L0")
                     return h, "L0"
                 try:  # a replica held for a peer: copy it into a slot the trainer can map
                     return self._into_slot(step, rank, h.meta, "L0", lambda v, h=h: _copy(h, v)), "L0"
@@ -101,10 +102,16 @@ class Restorer:
                 self._drop_corrupt(k, step, rank)
             except (PeerError, SidecarError) as err:
                 errors.append(f"rank {k}: {err}")
+                if getattr(err, "missing", False):  # the catalog was wrong (a holder's earlier incarnation)
+                    for tier in ("L0", "L1"):
+                        self.link.call(catalog.remove_holding, step, rank, tier, k)
         if self.storage is not None:
             try:
                 return self._into_slot(step, rank, meta, "L2", lambda v: self._from_storage(step, rank, v)), "L2"
-            except (StorageError, ChecksumError, SidecarError) as err:
+            except ChecksumError as err:  # reported; forgotten so that the next plan picks another copy
+                errors.append(f"L2: {err}")
+                self.link.call(catalog.remove_holding, step, rank, "L2", None)
+            except (StorageError, SidecarError) as err:
                 errors.append(f"L2: {err}")
         raise RecoveryError(f"no verified copy of step {step} rank {rank}: {'; '.join(errors) or 'no holders'}",
                             job=self.job, rank=rank, step=step)

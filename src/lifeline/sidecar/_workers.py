@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from lifeline.catalog import SidecarRegistration
 from lifeline.checkpoint import ShardMetadata, Storage, blob_key, commit
 from lifeline.errors import AuthError, CatalogError, ChecksumError, ManifestError, PeerError, StorageError
+from lifeline.sidecar import _format
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
@@ -181,6 +182,12 @@ class Persister:
 
     def _one(self, h: Holding) -> None:
         t0 = time.perf_counter()
+        try:  # a copy corrupted in memory since it was sealed must not become a committed L2 checkpoint
+            _format.verify(h.meta, h.buf[: h.nbytes], rank=h.rank, step=h.step, tier="L0")
+        except ChecksumError as err:
+            self.link.report_corrupt(err, "L0", f"local@{self.link.rank} before persisting")
+            self.memory.store.remove(h)  # forgotten in the catalog too; this step is not persisted
+            return
         self.put(blob_key(self.prefix, self.job, h.step, h.rank), h.buf[: h.nbytes])
         self.metrics.persisted_bytes.inc(h.nbytes)
         log.info("persisted step %d rank %d", h.step, h.rank, extra={
@@ -254,11 +261,18 @@ class Heartbeat:
     def _resync(self, rank: int) -> None:
         catalog = self.link.catalog
         steps = set()
-        items = self.memory.store.items()
+        items = [h for h in self.memory.store.items() if h.kind == "shard"]
         for h in items:
-            if h.kind == "shard":
+            catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
+            steps.add(h.step)
+        # what an earlier incarnation of this rank's sidecar recorded died with it (a lost node)
+        stale = catalog.drop_stale(rank, [(h.step, h.rank, h.tier) for h in items])
+        for h in self.memory.store.items():  # a copy filed meanwhile was just dropped too: file it again
+            if h.kind == "shard" and h not in items:
                 catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
-                steps.add(h.step)
-        for step in sorted(steps):
-            self.link.seen_complete(catalog.try_advance(step, self.link.required_tier))
-        log.info("catalog (re)registered %d holdings", len(items))
+        for step in sorted(steps, reverse=True):  # newest first: the complete step re-derived after a Redis
+            latest = catalog.try_advance(step, self.link.required_tier)  # restart is never an older one first
+            self.link.seen_complete(latest)
+            if latest >= step:
+                break
+        log.info("catalog (re)registered %d holdings, dropped %d stale ones", len(items), stale)

@@ -66,7 +66,9 @@ class PeerClient:
     def _err(self, msg: dict[str, Any], what: str, **ctx) -> PeerError:
         if msg.get("kind") == "checksum":
             return ChecksumError(f"peer {self.peer} rejected {what}: {msg.get('error')}", job=self.job, tier="L1", **ctx)
-        return PeerError(f"peer {self.peer} refused {what}: {msg.get('error')}", job=self.job, **ctx)
+        err = PeerError(f"peer {self.peer} refused {what}: {msg.get('error')}", job=self.job, **ctx)
+        err.missing = msg.get("kind") == "missing"  # type: ignore[attr-defined]  # the peer does not hold it
+        return err
 
     def put(self, *, kind: str, step: int, rank: int, blob: memoryview, meta: str, name: str = "") -> None:
         """Stream ``blob`` to the peer; returns once the peer verified and registered it.

@@ -1,0 +1,64 @@
+"""The engine's hang rule (issue 15, honest accounting): no step progress for ``hangTimeoutSeconds`` is a
+HANG; while recovering, trainers the plan restarted that have not reported yet get the startup grace,
+and past it a rank that runs and still says nothing is frozen: its pod is replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from lifeline.api import FailureKind, load_trainingjob
+from lifeline.catalog import ProgressReport
+from lifeline.control import CatalogFacts, ClusterState, NodeState, Observed, Progress, Record, SidecarState, decide
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt-moe.yaml"
+T = 1_000_000.0
+NODES = ("n0", "n1", "n2", "n3")
+
+
+def _spec():
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["recovery"].update(hangTimeoutSeconds=8, startupGraceSeconds=60)
+    return load_trainingjob(body).spec
+
+
+def _observed(times: dict[int, float], generation: int) -> Observed:
+    reports = [ProgressReport("plan" if at >= T else "step", "j", r, generation if at >= T else generation - 1, at, 5)
+               for r, at in times.items()]
+    return Observed(node_of_rank=NODES, cluster=ClusterState(tuple(NodeState(n, capacity=1) for n in NODES)),
+                    sidecars=tuple(SidecarState(r, NODES[r], T - 100, T) for r in range(4)),
+                    ready=frozenset(range(4)),
+                    catalog=CatalogFacts(generation=generation, progress=Progress.of(reports, generation),
+                                         registered={r: NODES[r] for r in range(4)}))
+
+
+def _hang(decision) -> bool:
+    return any(f.kind is FailureKind.HANG for f in decision.failures)
+
+
+def test_running_job_without_progress_hangs_after_the_timeout_only():
+    spec, record = _spec(), Record(phase="Running")
+    observed = _observed({r: T - 20 for r in range(4)}, 1)
+    assert not _hang(decide(spec, record, observed, now=T - 20 + 7.9))
+    d = decide(spec, record, observed, now=T - 20 + 8.1)
+    assert _hang(d) and d.plan is not None and d.plan.restart_ranks == (0, 1, 2, 3)
+
+
+def test_recovering_trainers_still_starting_get_the_startup_grace():
+    spec = _spec()
+    record = Record(phase="Recovering", generation=1, acted_at=T)
+    starting = _observed({0: T + 1, 1: T + 1, 2: T + 1, 3: T - 30}, 1)  # rank 3 restarted, not reported yet
+    assert not decide(spec, record, starting, now=T + 30).failures  # past hangTimeoutSeconds, within the grace
+    frozen = decide(spec, record, starting, now=T + 61)  # past the grace: rank 3 runs and says nothing
+    assert [(f.kind, f.ranks) for f in frozen.failures] == [(FailureKind.POD_LOST, (3,))]
+    assert frozen.plan is not None and [p.rank for p in frozen.plan.create_pods] == [3]
+    everyone = _observed({r: T + 1 for r in range(4)}, 1)  # every rank spoke since the plan: the timeout holds
+    assert not _hang(decide(spec, record, everyone, now=T + 8.9))
+    assert _hang(decide(spec, record, everyone, now=T + 9.1))
+
+
+def test_silent_since_names_ranks_without_a_report_since():
+    p = Progress.of([ProgressReport("step", "j", 0, 0, T, 3), ProgressReport("step", "j", 2, 0, T - 5, 3)], 0)
+    assert p.silent_since(T - 1, 4) == frozenset({1, 2, 3})
+    assert p.silent_since(T - 10, 4) == frozenset({1, 3})

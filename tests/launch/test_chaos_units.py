@@ -1,0 +1,122 @@
+"""Chaos parts that need no processes: the new ``--inject-failure`` kinds, the schedules, the trial
+verdict and the time-lost attribution (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lifeline.bench._chaos_audit import corruption_outcomes
+from lifeline.bench._chaos_schedule import FAULTS, fault_name, schedule
+from lifeline.bench._chaos_trial import time_lost, verdict
+from lifeline.errors import ConfigError
+from lifeline.launch.inject import Injection, due, parse_injection
+from lifeline.launch.preflight import check_run
+
+from ._jobs import job_doc, write_job
+
+
+def test_new_kinds_parse_and_print_back():
+    cases = {"redis:step=4": Injection("redis", 0, 4),
+             "minio:step=3:seconds=2.5": Injection("minio", 0, 3, seconds=2.5),
+             "flip:rank=1:step=5:tier=L2": Injection("flip", 1, 5, "L2"),
+             "hang:rank=0:step=2:when=recovery": Injection("hang", 0, 2, when="recovery")}
+    for text, inj in cases.items():
+        assert parse_injection(text, world_size=2, steps=12) == inj
+        assert parse_injection(str(inj)) == inj
+    assert Injection("flip", 1, 5, "L0").kills == ("trainer",) and not Injection("flip", 1, 5, "L0").loses_node
+    assert Injection("flip", 1, 5, "L1").loses_node and Injection("node", 1, 5).loses_node
+
+
+@pytest.mark.parametrize("text, words", [
+    ("redis:rank=0:step=3", ["redis", "rank"]), ("flip:rank=1:step=3", ["missing tier"]),
+    ("flip:rank=1:step=3:tier=L3", ["L3"]), ("trainer:rank=1:step=3:tier=L0", ["tier applies to flip"]),
+    ("minio:step=3:seconds=0", ["seconds"]), ("minio:step=3:seconds=x", ["seconds must be a number"]),
+    ("node:rank=1:step=3:when=later", ["when=recovery"]), ("redis:step=0", ["step 0"]),
+])
+def test_bad_new_kinds_name_the_flag_and_the_problem(text, words):
+    with pytest.raises(ConfigError) as err:
+        parse_injection(text, world_size=2, steps=12)
+    assert err.value.field == "--inject-failure" and all(w in err.value.message for w in words), err.value.message
+
+
+def test_due_fires_service_faults_on_any_rank_and_recovery_faults_only_during_one():
+    pending = [Injection("redis", 0, 5), Injection("trainer", 1, 3, when="recovery"), Injection("node", 1, 4)]
+    assert due(pending, {0: 5, 1: 3}) == [Injection("redis", 0, 5)]
+    assert due(pending, {0: 5, 1: 4}) == [Injection("node", 1, 4)]
+    assert due(pending, {0: 5, 1: 4}, recovering=True) == [Injection("trainer", 1, 3, when="recovery")]
+    assert pending == []
+
+
+def test_preflight_refuses_faults_the_run_cannot_carry_out(tmp_path):
+    doc = job_doc("pre", pipeline=2, data=1)
+    doc["spec"]["checkpoint"]["peerReplicas"] = 0
+    job = write_job(tmp_path / "j.yaml", doc)
+    with pytest.raises(ConfigError) as err:
+        check_run(job, inject=["minio:step=3", "flip:rank=1:step=3:tier=L1"], persist_uri=str(tmp_path / "l2"),
+                  state_dir=tmp_path / "s")
+    assert "starts no MinIO" in err.value.message and "no L1 copies" in err.value.message
+    assert not (tmp_path / "s").exists()
+
+
+def test_schedules_are_seeded_and_draw_every_fault():
+    a = [schedule(s, world_size=2, steps=12, persist_every=4) for s in range(200)]
+    assert a == [schedule(s, world_size=2, steps=12, persist_every=4) for s in range(200)]
+    names = {fault_name(i) for t in a for i in t.injections}
+    assert {f for f in FAULTS} <= names and any(n.endswith("+recovery") for n in names)
+    for t in a:
+        assert all(2 <= i.step <= 10 for i in t.injections)
+        assert all(i.step > 4 for i in t.injections if i.kind == "flip" and i.tier == "L2")
+
+
+def _summary(**over):
+    s = {"phase": "Succeeded", "digest": {"sha256": "a"}, "complete_step": {"regressions": []},
+         "audit": {"torn": [], "flipped_visible": [], "stale": [], "checked": {}}, "faults": [],
+         "corruption_reports": [], "recoveries": [], "step_samples": [], "step_seconds": 0.1, "error": None}
+    s.update(over)
+    return s
+
+
+def test_verdict_names_each_failed_check():
+    ref = {"digest": {"sha256": "a"}}
+    assert verdict(_summary(), ref) == []
+    flip = {"fault": "flip:rank=0:step=3:tier=L1", "kind": "flip", "copies": [{"step": 2, "rank": 0, "tier": "L1"}],
+            "note": "", "at": 10.0, "step": 3, "recovers": True, "tier": "L1"}
+    bad = verdict(_summary(phase="Failed", digest={"sha256": "b"}, complete_step={"regressions": [{"from": 3, "to": 1}]},
+                           audit={"torn": [{"step": 1}], "flipped_visible": [], "stale": [], "checked": {}},
+                           faults=[flip], restores=[{"step": 2, "rank": 0, "tier": "L1", "at": 11.0}]), ref)
+    text = " | ".join(bad)
+    for words in ("ended Failed", "differs", "moved backwards", "torn", "restored without a report"):
+        assert words in text, text
+    ok = _summary(faults=[flip], corruption_reports=[{"step": 2, "rank": 0, "tier": "L1"}],
+                  restores=[{"step": 2, "rank": 0, "tier": "L1", "at": 9.0}])  # restored before the flip: fine
+    assert verdict(ok, ref) == [] and ok["corruption"]["detected"] == 1
+    unread = _summary(faults=[flip], audit={"torn": [], "flipped_visible": [{"step": 2, "rank": 0, "tier": "L1"}],
+                                            "stale": [], "checked": {}})
+    assert verdict(unread, ref) == [] and unread["corruption"]["visible_unread"] == 1
+    nothing = dict(flip, copies=[], note="no L1 copy")
+    assert any("corrupted no copy" in r for r in verdict(_summary(faults=[nothing]), ref))
+    assert verdict(_summary(faults=[dict(nothing, ineffective=True)]), ref) == []
+
+
+def test_corruption_outcomes_tell_detected_used_gone_and_unread():
+    copies = [{"step": s, "rank": 0, "tier": "L1"} for s in (1, 2, 3, 4)]
+    out = corruption_outcomes(copies, [{"step": 1, "rank": 0, "tier": "L1"}], [{"step": 3, "rank": 0, "tier": "L1"}],
+                              [{"step": 4, "rank": 0, "tier": "L1", "at": 5.0}], {(4, 0, "L1"): 4.0})
+    assert (out["detected"], out["gone_unread"], out["visible_unread"]) == (1, 1, 1)
+    assert out["used"] == [{"step": 4, "rank": 0, "tier": "L1"}]
+
+
+def test_time_lost_counts_from_the_fault_through_chained_recoveries():
+    def rec(action, round_at, caught):
+        return {"action": action, "timeline": {"round_at": round_at, **({"caught_up_at": caught} if caught else {})}}
+
+    faults = [{"fault": "node:rank=1:step=3", "kind": "node", "at": 10.0, "step": 3, "recovers": True},
+              {"fault": "trainer:rank=0:step=3:when=recovery", "kind": "trainer", "when": "recovery", "at": 14.0,
+               "step": 3, "recovers": True},
+              {"fault": "redis:step=8", "kind": "redis", "at": 40.0, "step": 8, "recovers": False}]
+    s = _summary(faults=faults, recoveries=[rec("ReplacePods", 12.0, None), rec("RestartInPlace", 15.0, 30.0)],
+                 step_samples=[(39.0, 8), (41.0, 8), (42.5, 9)])
+    rows = {r["name"]: r for r in time_lost(s)}
+    assert rows["node"]["seconds"] == 20.0 and rows["node"]["recoveries"] == ["ReplacePods", "RestartInPlace"]
+    assert rows["trainer+recovery"]["seconds"] == 16.0
+    assert rows["redis"]["seconds"] == pytest.approx(2.4) and rows["redis"]["recoveries"] == []
