@@ -42,6 +42,11 @@ def reference(tmp_path_factory):
     summary = lifeline_run(job, root / "state", "--persist-uri", str(root / "l2"))
     assert summary["phase"] == "Succeeded" and summary["recoveries"] == []
     assert summary["digest"]["source"] == "L2" and summary["digest"]["step"] == STEPS
+    # no trainer finished before the final checkpoint was committed to L2 (its manifest is written last)
+    (manifest,) = (root / "l2").rglob(f"{STEPS:012d}/manifest.json")
+    done = [e for e in trainer_events(root / "state") if e.get("event") == "done"]
+    assert len(done) == WORLD and min(e["time"] for e in done) >= manifest.stat().st_mtime - 1e-3, (
+        manifest.stat().st_mtime, done)
     return summary, root
 
 

@@ -258,6 +258,7 @@ def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> lis
         _env("LIFELINE_MODEL", TrainerSettings, json.dumps(model, sort_keys=True)),
         _env("LIFELINE_BACKPRESSURE", TrainerSettings, spec.checkpoint.backpressure),
         _env("LIFELINE_PERSIST_URI", TrainerSettings, persist.uri if persist else ""),
+        _env("LIFELINE_PERSIST_EVERY", TrainerSettings, str(persist.every if persist else 0)),
     ] + _s3_env(job, config, TrainerSettings)
 
 

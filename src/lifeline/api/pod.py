@@ -240,6 +240,10 @@ class TrainerSettings(PodSettings):
     * ``LIFELINE_PERSIST_URI``, ``LIFELINE_S3_ENDPOINT``, ``LIFELINE_S3_ACCESS_KEY``,
       ``LIFELINE_S3_SECRET_KEY``, ``LIFELINE_S3_SECURE`` — the L2 store (as the sidecar's): a restore
       into another layout (elastic reshard) reads the universal checkpoint from it.
+    * ``LIFELINE_PERSIST_EVERY`` — the sidecars' L2 interval (steps). When it divides
+      ``LIFELINE_STEPS``, a rank that trained the last step stays (reporting ``awaiting_l2``) until
+      that checkpoint is committed to L2, up to ``LIFELINE_RECOVERY_TIMEOUT_SECONDS``: a job is not
+      Succeeded before its final checkpoint is durable. Default 0: it does not wait.
     * ``LIFELINE_RENDEZVOUS_TIMEOUT_SECONDS`` (300), ``LIFELINE_COLLECTIVE_TIMEOUT_SECONDS`` (60),
       ``LIFELINE_RECOVERY_TIMEOUT_SECONDS`` (600) — deadlines of the rendezvous, of one collective,
       and of waiting for a recovery plan after a failure.
@@ -264,6 +268,7 @@ class TrainerSettings(PodSettings):
     collective_timeout_seconds: float = Field(default=60.0, gt=0)
     recovery_timeout_seconds: float = Field(default=600.0, gt=0)
     persist_uri: str = ""
+    persist_every: int = Field(default=0, ge=0)
     s3_endpoint: str = ""
     s3_access_key: str = ""
     s3_secret_key: SecretStr = SecretStr("")

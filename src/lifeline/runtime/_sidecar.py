@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lifeline.catalog import Catalog
-from lifeline.checkpoint import (Layout, PatternRules, list_steps, load, load_shard, plan_shard, read_manifest,
-                                 storage_from_uri)
+from lifeline.checkpoint import (Layout, PatternRules, list_steps, load, load_shard, manifest_key, plan_shard,
+                                 read_manifest, storage_from_uri)
 from lifeline.errors import CatalogError, CheckpointError, ChecksumError, ManifestError, StorageError
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
@@ -83,6 +83,7 @@ class SidecarCheckpointer:
         self.last_receipt = None
         self.last_restore = None
         self.last_reshard: ReshardReport | None = None
+        self._l2_store: tuple[Any, str] | tuple[()] | None = None
 
     @property
     def client(self) -> Any:
@@ -235,6 +236,16 @@ class SidecarCheckpointer:
             return None
         finally:
             catalog.close()
+
+    def committed_to_l2(self, step: int) -> bool:
+        """Whether checkpoint ``step`` is committed to L2 (its manifest, written last, exists); true
+        when no L2 store is configured. Raises StorageError when the store cannot be reached."""
+        if self._l2_store is None:
+            self._l2_store = self._l2() or ()
+        if not self._l2_store:
+            return True
+        storage, prefix = self._l2_store
+        return storage.exists(manifest_key(prefix, self.settings.job, step))
 
     def latest_step(self) -> int | None:
         """The job's latest complete step: the catalog's, else (a job started again, its catalog new)

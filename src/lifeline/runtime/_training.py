@@ -18,6 +18,7 @@ from lifeline.checkpoint import Layout
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
+from lifeline.runtime._durable import FinalCheckpoint
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
@@ -294,11 +295,20 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                        skipped=receipt.skipped)
 
     last_loss = None
-    while trainer.step < steps:
+    final = FinalCheckpoint(ctx, checkpointer, steps)
+
+    def save_final() -> None:
+        receipt = checkpointer.save(trainer.step, trainer.state(), generation=ctx.generation)
+        ctx.report("save", step=trainer.step, stall_seconds=getattr(receipt, "stall_seconds", None))
+
+    while trainer.step < steps or not final.durable():
         try:
             newer = ctx.newer_generation()
             if newer is not None:
                 raise Superseded(newer)
+            if trainer.step >= steps:  # trained: held until the final checkpoint is durable (L2)
+                final.wait_once(save_final)
+                continue
             if overlap:
                 trainer.before_update = settle
             result = trainer.train_step()
@@ -344,6 +354,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss, retired=True)
         if step is not None:
             restored.append(step)
+            final.resave = trainer.step >= steps
     if overlap:
         settle()
     ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
