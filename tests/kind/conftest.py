@@ -22,9 +22,10 @@ RELEASE = "ll"
 NAMESPACE = "lifeline"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kind_cluster(tmp_path_factory):
-    """One kind cluster per session (built images reused), deleted at the end."""
+    """One kind cluster per test module (built images reused), deleted after it: left running
+    (four nodes, Redis, MinIO, the operator) it would load the rest of the suite."""
     from lifeline.kindbed import chart, engine, images, nodeimage
     from lifeline.kindbed.cluster import KindCluster
 
@@ -44,7 +45,7 @@ def kind_cluster(tmp_path_factory):
         cluster.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kind_release(kind_cluster):
     """The chart (release ``ll``) with in-cluster Redis and MinIO in namespace ``lifeline``."""
     from lifeline.kindbed import chart

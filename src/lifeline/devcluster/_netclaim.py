@@ -51,3 +51,23 @@ def release_net(net: int, state_dir: Path) -> None:
             shutil.rmtree(claim, ignore_errors=True)
     except OSError:
         pass
+
+
+def sweep_stale_arenas(is_running: Callable[[Path], bool], root: Path = Path("/dev/shm")) -> list[Path]:
+    """Remove the node arena roots (``lifeline-<id>/`` under ``root``, memory-backed) of dev clusters
+    that no longer run (killed without ``down``: their arenas would hold the host's memory until a
+    reboot). A root is known by its ``owner`` file (the cluster's state dir, written by ``up``);
+    one without it is left alone. Returns the roots removed."""
+    removed = []
+    for shm in root.glob("lifeline-*"):
+        owner = shm / "owner"
+        if shm.name.startswith("lifeline-net-") or not owner.is_file():
+            continue
+        try:
+            alive = is_running(Path(owner.read_text()))
+        except (OSError, ValueError):
+            alive = False
+        if not alive:
+            shutil.rmtree(shm, ignore_errors=True)
+            removed.append(shm)
+    return removed

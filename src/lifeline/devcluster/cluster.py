@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from lifeline.devcluster import _proc, build
 from lifeline.devcluster._control_plane import start_control_plane
-from lifeline.devcluster._netclaim import claim_net, release_net
+from lifeline.devcluster._netclaim import claim_net, release_net, sweep_stale_arenas
 from lifeline.devcluster._nodes import issue_node_credentials, node_agent_argv, pod_process_groups
 from lifeline.devcluster._pod_files import container_log, container_pid_file
 from lifeline.devcluster._state import (CONTROL_PLANE, STATE_FILE, STATE_SUBDIRS, ClusterState, MinioAccess, Ports,
@@ -170,6 +170,9 @@ class DevCluster:
         }
         state_dir.mkdir(parents=True, exist_ok=True)
         state["net"] = claim_net(state_dir, is_running)
+        sweep_stale_arenas(is_running)  # killed clusters' arenas: memory nothing else frees
+        Path(state["shm_root"]).mkdir(parents=True, exist_ok=True)
+        (Path(state["shm_root"]) / "owner").write_text(str(state_dir))
         for sub in STATE_SUBDIRS:  # a stopped cluster's leftovers: `up` always starts fresh
             shutil.rmtree(state_dir / sub, ignore_errors=True)
         ClusterState.create(state_dir, state)
