@@ -213,6 +213,10 @@ def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
     placement = _wait("4 scheduled pods", placed, timeout=120)
     _wait("the operator to own the job's catalog keys", lambda: __import__("redis").Redis.from_url(
         devcluster.redis_url).get("lifeline:sleepy:owner"), timeout=60)
+    # after every sidecar registered: a sidecar's first registration drops holdings recorded for it
+    # that it does not hold (an earlier incarnation's), which these written ones would be
+    _wait("every sidecar registered", lambda: all(Catalog(devcluster.redis_url, "sleepy", 4).is_registered(r)
+                                                  for r in range(4)), timeout=120)
     _catalog_as_trainers_report(devcluster.redis_url, "sleepy", generation=0, step=5, placement=placement)
     _wait("phase Running", lambda: (_get(devcluster, "trainingjob", "sleepy", "-n", ns).get("status") or {})
           .get("phase") == "Running", timeout=60)

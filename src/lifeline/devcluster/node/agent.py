@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
 import signal
 import sys
 import threading
@@ -199,6 +200,7 @@ class NodeAgent:
 
     def _watch_loop(self) -> None:
         selector = f"spec.nodeName={self.name}"
+        swept = False
         while not self._stop.is_set():
             try:
                 listing = self.raw(self.core.list_pod_for_all_namespaces, field_selector=selector)
@@ -206,6 +208,10 @@ class NodeAgent:
                 for pod in listing["items"]:
                     seen.add(pod["metadata"]["uid"])
                     self._handle("MODIFIED", pod)
+                if not swept:  # pods deleted while this node was down left their Memory emptyDirs
+                    for stale in (d for d in self.shm_dir.glob("*") if d.is_dir() and d.name not in seen):
+                        shutil.rmtree(stale, ignore_errors=True)
+                    swept = True
                 for uid in set(self.workers) - seen:
                     self.workers.pop(uid).shutdown()
                 rv = listing["metadata"]["resourceVersion"]
