@@ -62,3 +62,22 @@ def test_silent_since_names_ranks_without_a_report_since():
     p = Progress.of([ProgressReport("step", "j", 0, 0, T, 3), ProgressReport("step", "j", 2, 0, T - 5, 3)], 0)
     assert p.silent_since(T - 1, 4) == frozenset({1, 2, 3})
     assert p.silent_since(T - 10, 4) == frozenset({1, 3})
+
+
+def test_a_failure_while_no_sidecar_is_registered_waits_for_them_to_register_again():
+    """Redis came back empty (no registration, no holding) while sidecars run: a trainer crash seen
+    then is not planned on the empty catalog (it would start over) until the sidecars registered
+    again, or until the start-up grace since one was last seen registered ran out."""
+    from dataclasses import replace
+
+    from lifeline.control import ContainerTerminated
+
+    spec, record = _spec(), Record(phase="Running")
+    crash = ContainerTerminated(1, NODES[1], "trainer", 137, "Killed")
+    ok = replace(_observed({r: T - 1 for r in range(4)}, 0), signals=(crash,))
+    emptied = replace(ok, catalog=replace(ok.catalog, registered={}))
+    waiting = decide(spec, record, emptied, now=T + 5)
+    assert waiting.plan is None and waiting.settling and waiting.reason == "CatalogRebuilding"
+    assert [(f.kind, f.ranks) for f in waiting.failures] == [(FailureKind.TRAINER_CRASH, (1,))]
+    assert decide(spec, record, emptied, now=T + 61).plan is not None, "bounded by the start-up grace"
+    assert decide(spec, record, ok, now=T + 5).plan is not None, "registered again: planned"

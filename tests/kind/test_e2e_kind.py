@@ -11,6 +11,7 @@ kind's apiserver with the chart's ServiceAccounts, including the operator's own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -72,27 +73,40 @@ def reference_digest(kind_cluster, tmp_path_factory):
     return digest
 
 
-def _l2_digest(c, ns: str, job: str, step: int) -> str:
-    """SHA-256 of the consolidated state of ``job``'s L2 checkpoint ``step`` in the in-cluster MinIO."""
+@contextlib.contextmanager
+def _minio(c, ns: str):
+    """``(storage, prefix)`` of the example's L2 URI in the in-cluster MinIO (through a port-forward)."""
     import base64
 
-    from lifeline.checkpoint import consolidate, storage_from_uri
-    from lifeline.launch.summary import await_l2_step, state_digest
+    from lifeline.checkpoint import storage_from_uri
 
     data = c.get("secret", "ll-lifeline-object-storage", "-n", ns)["data"]
     key, secret = (base64.b64decode(data[k]).decode() for k in ("access-key", "secret-key"))
     uri = yaml.safe_load(EXAMPLE.read_text())["spec"]["checkpoint"]["persist"]["uri"]
     with c.port_forward(ns, "svc/ll-lifeline-minio", 9000) as port:
-        storage, prefix = storage_from_uri(uri, endpoint=f"127.0.0.1:{port}", access_key=key, secret_key=secret)
+        yield storage_from_uri(uri, endpoint=f"127.0.0.1:{port}", access_key=key, secret_key=secret)
+
+
+def _l2_digest(c, ns: str, job: str, step: int) -> str:
+    """SHA-256 of the consolidated state of ``job``'s L2 checkpoint ``step`` in the in-cluster MinIO."""
+    from lifeline.checkpoint import consolidate
+    from lifeline.launch.summary import await_l2_step, state_digest
+
+    with _minio(c, ns) as (storage, prefix):
         assert await_l2_step(storage, prefix, job, step, 120.0), f"step {step} of {job} never reached L2"
         return state_digest(consolidate(storage, prefix, job, step))
 
 
 def _run_job(c, ns: str, body: dict) -> None:
-    c.kubectl("delete", "trainingjob", body["metadata"]["name"], "-n", ns, "--ignore-not-found", "--wait=true",
-              timeout=180)
-    wait_for(lambda: not c.get("pods", "-n", ns, "-l", f"lifeline.dev/job={body['metadata']['name']}")["items"],
+    """Apply ``body`` as a new job: the previous job of its name deleted with its pods and its L2
+    checkpoints (a job applied again resumes from the latest one, in any layout)."""
+    name = body["metadata"]["name"]
+    c.kubectl("delete", "trainingjob", name, "-n", ns, "--ignore-not-found", "--wait=true", timeout=180)
+    wait_for(lambda: not c.get("pods", "-n", ns, "-l", f"lifeline.dev/job={name}")["items"],
              180, "the previous job's pods to be gone", 1.0)
+    with _minio(c, ns) as (storage, prefix):
+        for key in storage.list(f"{prefix.strip('/')}/{name}/"):
+            storage.delete(key)
     c.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
 
 

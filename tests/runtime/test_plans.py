@@ -70,21 +70,3 @@ def test_read_events_keeps_event_lines_in_order_and_skips_the_rest(tmp_path):
     b.write_bytes(b'\xff not utf-8\n{"event": "step", "rank": 1, "step": 3}\n')
     assert read_events([a, b]) == [{"event": "init", "rank": 0}, {"event": "step", "rank": 1, "step": 3}]
 
-
-def test_a_plan_without_a_step_resumes_from_the_latest_stored_checkpoint(tmp_path, redis_server, capsys):
-    """A catalog that knows no complete copy (its Redis restarted empty) plans a rollback with no
-    step; the ranks agree on the latest checkpoint storage holds (step 4 of saves every 2 steps up to
-    step 5) and resume there instead of the initial state."""
-    job = job_name("nostep")
-    settings = TrainerSettings(job=job, rank=0, world_size=1, secret=SECRET, redis_url=redis_server.url)
-    catalog = Catalog(redis_server.url, job, 1)
-    ctx = init(settings)
-    try:
-        ck = StorageCheckpointer(FilesystemStorage(tmp_path, fsync=False), "ck", job, ctx.layout, 0, pattern_rules(CFG))
-        spec = RollbackAtStep(catalog, 5, RecoveryPlan.restore_all(1, None, LayoutSpec(), reason="start over"))
-        summary = run_training(ctx, spec, ck, steps=8, every=2)
-    finally:
-        ctx.close()
-    assert (summary.step, summary.generation, summary.restored) == (8, 1, (4,))
-    lines = [line for line in capsys.readouterr().out.splitlines() if '"event": "restore"' in line]
-    assert len(lines) == 1 and '"generation": 1' in lines[0] and '"step": 4' in lines[0]

@@ -280,6 +280,17 @@ def _silent_sidecars(spec: TrainingJobSpec, sidecars: Iterable[SidecarState], re
     return out
 
 
+def _catalog_emptied(spec: TrainingJobSpec, observed: Observed, facts: CatalogFacts, now: float) -> bool:
+    """True when no sidecar is registered although the runner sees sidecars running, one of them seen
+    registered (or started) within ``startupGraceSeconds``: the catalog's Redis restarted empty, and
+    the sidecars register their copies again at their next heartbeat (a plan made now would find
+    none and start over)."""
+    if facts.registered or not observed.sidecars:
+        return False
+    latest = max(sc.last_seen or sc.running_since for sc in observed.sidecars)
+    return now - latest < spec.recovery.startup_grace_seconds
+
+
 def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, world: int,
                      now: float) -> list[Signal]:
     facts = observed.catalog
@@ -359,6 +370,10 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
         if facts is None:  # a plan needs the holdings: wait for the catalog rather than plan blind
             return Decision(record.phase, "CatalogUnavailable", f"failures seen ({failures[0].describe()}); "
                             "waiting for the catalog to plan the recovery", failures=failures, settling=True, **base)
+        if _catalog_emptied(spec, observed, facts, now):  # plan with the copies, not an empty catalog
+            return Decision(record.phase, "CatalogRebuilding", f"failures seen ({failures[0].describe()}); no "
+                            "sidecar is registered although sidecars run (the catalog's Redis came back empty): "
+                            "waiting for them to register their copies", failures=failures, settling=True, **base)
         if settle is not None and not settle.quiet and now - settle.since < SETTLE_SECONDS:
             return Decision(record.phase, record.reason or record.phase, record.message, failures=failures,
                             settling=True, **base)

@@ -247,13 +247,6 @@ class SidecarCheckpointer:
         storage, prefix = self._l2_store
         return storage.exists(manifest_key(prefix, self.settings.job, step))
 
-    def latest_l2_step(self) -> int | None:
-        """The latest checkpoint committed to L2 (a manifest in the store), whatever the catalog says;
-        ``None`` when there is none or no L2 store. Raises StorageError."""
-        l2 = self._l2()
-        steps = list_steps(l2[0], l2[1], self.settings.job) if l2 is not None else []
-        return max(steps) if steps else None
-
     def latest_step(self) -> int | None:
         """The job's latest complete step: the catalog's, else (a job started again, its catalog new)
         the latest checkpoint committed to L2, in whatever layout it was saved; ``None`` when neither."""

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-import torch
 import torch.distributed as dist
 
 from lifeline.api.recovery import RecoveryPlan
@@ -146,53 +145,13 @@ def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointe
         kept = ctx.rank not in plan.restore_ranks
         trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse)
         return trainer, None if kept else plan.restore_step or 0
-    step = plan.restore_step
-    if step is None:  # the catalog knows no verified copy (e.g. its Redis restarted empty): ask L2
-        trainer, step = _restore_from_l2(ctx, spec, trainer, checkpointer)
-        _attach(trainer, log)
-    elif sparse is not None and restore_window(ctx, trainer, plan, sparse) is not None:
+    if sparse is not None and restore_window(ctx, trainer, plan, sparse) is not None:
         sparse.converting = plan.restore_step  # the loop applies the window's later slots
     else:
-        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, step), log)
+        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
     if log is not None:
         log.restart_at(trainer.step)
-    return trainer, step or 0
-
-
-def _agreed_latest(checkpointer: Checkpointer, *, l2_only: bool = False) -> int | None:
-    """The latest complete step that every rank sees (an all-reduce MIN over the joined generation's
-    ranks: a step committed to L2 while the ranks asked is seen by some only, and the older one is
-    committed for all); ``None`` when some rank sees none. ``latest_step()`` (the catalog's, else
-    L2's), or with ``l2_only`` the checkpointer's ``latest_l2_step()`` where it has one."""
-    latest = getattr(checkpointer, "latest_l2_step", None) if l2_only else None
-    try:
-        step = (latest or checkpointer.latest_step)()
-    except (LifelineError, OSError):  # the store cannot be listed: this rank sees none (every rank still reduces)
-        step = None
-    agreed = torch.tensor([-1 if step is None else step], dtype=torch.int64)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    return None if int(agreed.item()) < 0 else int(agreed.item())
-
-
-def _restore_from_l2(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
-                     checkpointer: Checkpointer) -> tuple[Trainable, int]:
-    """A plan with no step: the catalog knows no verified copy of any step (a Redis that restarted
-    empty forgot L2's too). Every rank restores the latest checkpoint committed to L2 that all of
-    them see; when any rank cannot (missing or corrupt, reported), all start from the initial state
-    (a seeded trainer computes it again). Returns the trainer and the step (0: initial state)."""
-    step = _agreed_latest(checkpointer, l2_only=True)
-    restored, ok = trainer, step is not None
-    if ok:
-        try:
-            restored = _restore(ctx, spec, trainer, checkpointer, step)
-        except (LifelineError, OSError) as err:
-            ctx.report("restore_failed", step=step, error=f"{type(err).__name__}: {err}"[:300])
-            ok = False
-    everyone = torch.tensor([1 if ok else 0], dtype=torch.int64)
-    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
-    if int(everyone.item()) == 1:
-        return restored, int(step)
-    return _restore(ctx, spec, trainer, checkpointer, None), 0
+    return trainer, plan.restore_step or 0
 
 
 def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
@@ -299,12 +258,11 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
-    if plan is not None:
+    if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
         trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse)
-        if step:
+        if step is not None and plan.restore_step is not None:
             restored.append(step)
-    elif (start_step := _agreed_latest(checkpointer)) is not None:
-        # a job started again: the latest checkpoint the catalog or L2 holds, else the initial state
+    elif plan is None and (start_step := checkpointer.latest_step()) is not None:
         trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step), log)
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
