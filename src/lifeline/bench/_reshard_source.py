@@ -75,6 +75,22 @@ def shard(spec: StateSpec, degree: int, rank: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def join_group(cfg: dict) -> tuple[int, int]:
+    """A bench rank's start (saving or loading): one thread, DCP's S3 backend registered for the
+    bench's MinIO (``cfg["minio"]``), the gloo group of ``cfg["world"]`` ranks on loopback port
+    ``cfg["port"]``. Returns ``(rank, world size)``."""
+    import torch.distributed as dist
+
+    from lifeline.bench._dcp_s3 import register
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    register(*cfg["minio"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+                            world_size=cfg["world"])
+    return cfg["rank"], cfg["world"]
+
+
 def source_rank(cfg: dict) -> None:
     """One rank of the old layout: DCP save of its DTensor shard to MinIO, then its sidecar save.
 
@@ -88,15 +104,10 @@ def source_rank(cfg: dict) -> None:
     from torch.distributed.tensor import DTensor, Shard
 
     from lifeline.api.pod import TrainerSettings
-    from lifeline.bench._dcp_s3 import register
     from lifeline.checkpoint import plan_shard
     from lifeline.sidecar.client import SidecarClient
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    rank, world = cfg["rank"], cfg["world"]
-    register(*cfg["minio"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+    rank, world = join_group(cfg)
     try:
         local = shard(StateSpec(**cfg["spec"]), world, rank)
         mesh = init_device_mesh("cpu", (world,))

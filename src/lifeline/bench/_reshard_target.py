@@ -24,12 +24,11 @@ import json
 import pstats
 import sys
 import time
-import warnings
 from typing import Any
 
 import torch
 
-from lifeline.bench._reshard_source import RULES, StateSpec, layout_of, shard
+from lifeline.bench._reshard_source import RULES, StateSpec, join_group, layout_of, shard
 
 __all__ = ["TAG", "target_rank"]
 
@@ -117,13 +116,8 @@ def target_rank(cfg: dict) -> None:
     """
     import torch.distributed as dist
 
-    from lifeline.bench._dcp_s3 import register
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    rank, world = cfg["rank"], cfg["world"]
-    register(*cfg["minio"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+    rank, world = join_group(cfg)
     try:
         expected = shard(StateSpec(**cfg["spec"]), world, rank)
         want = _crcs(expected)
