@@ -20,11 +20,42 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
 
 from lifeline.devcluster.services import MinioServer, RedisServer
+
+
+_CLUSTER_FIXTURES = {"devcluster": "cluster", "namespace": "cluster", "kind_cluster": "kind"}
+_skipped: list[str] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses a cluster fixture carries that cluster's marker, so ``-m "not cluster and not
+    kind"`` (the fast local suite, docs/testing.md) never starts one."""
+    for item in items:
+        for fixture, marker in _CLUSTER_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()) and marker not in item.keywords:
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI (``CI`` set) a skipped test fails the run: a skip would hide missing infrastructure."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and _skipped and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes") and _skipped:
+        terminalreporter.write_line(f"CI: {len(_skipped)} skipped test(s) fail the run: {', '.join(_skipped[:10])}",
+                                    red=True)
 
 
 @pytest.fixture(scope="session")

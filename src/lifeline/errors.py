@@ -21,6 +21,7 @@ small; parts raise the most specific class that fits.
     │       └── AuthError      a peer failed (or we failed) HMAC authentication
     ├── CatalogError           the Redis catalog is unreachable or holds a malformed document
     ├── RecoveryError          no recovery is possible (e.g. no verified copy)
+    │   └── VerificationError  a recovered state differs from the copy recorded before the failure
     └── ClusterError           the dev cluster (build, start, nodes)
         └── BuildError         building a component from source failed
 """
@@ -44,6 +45,7 @@ __all__ = [
     "AuthError",
     "CatalogError",
     "RecoveryError",
+    "VerificationError",
     "ClusterError",
     "BuildError",
 ]
@@ -162,6 +164,11 @@ class CatalogError(LifelineError):
 
 class RecoveryError(LifelineError):
     """No recovery is possible, e.g. no tier holds a verified copy of a needed shard."""
+
+
+class VerificationError(RecoveryError):
+    """A recovered rank's recomputed state differs from the copy recorded for the same step before
+    the failure (verified recovery, :mod:`lifeline.runtime._verify`): the recovery was not bit-identical."""
 
 
 class ClusterError(LifelineError):

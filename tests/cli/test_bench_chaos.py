@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from lifeline.bench._chaos_schedule import schedule
 
 from ._cli import run_cli
+
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
 
 WORLD, STEPS = 2, 12
 

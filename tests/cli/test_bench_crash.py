@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from ._cli import run_cli
+
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
 
 ROW = {"trials", "killed_before_commit", "killed_after_commit", "committed_and_valid", "torn_visible",
        "committed_lost", "seconds", "problems"}

@@ -3,9 +3,13 @@ reshard from memory read nothing from L2 (a behaviour check; timings are the ben
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from ._cli import run_cli
+
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
 
 PEERS = {"memory", "l2", "dcp", "dcp_readahead"}
 PEER_FIELDS = {"resume_s", "load_s", "needed_bytes", "read_bytes", "read_over_needed", "cpu_s"}

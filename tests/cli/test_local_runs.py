@@ -18,6 +18,8 @@ from lifeline.launch.local import find_runs, open_run, stop_run
 from ._cli import run_cli
 from .test_bad_input import job
 
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
+
 runner = CliRunner()
 
 

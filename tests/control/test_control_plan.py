@@ -355,3 +355,53 @@ def test_every_plan_reads_only_surviving_copies(lost_nodes, crashed, l2, replay)
         assert set(plan.restore_ranks) == {r for r in range(4) if stage_of(r, LAYOUT) == stage_of(plan.restore_ranks[0], LAYOUT)}
     elif not lost_ranks:
         assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restart_ranks == tuple(sorted(crashed))
+
+
+def _sparse_spec(window: int):
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["recovery"]["localizedReplay"] = True
+    body["spec"]["checkpoint"]["sparse"] = {"window": window}
+    return load_trainingjob(body).spec
+
+
+def test_a_plan_names_the_copy_it_restores_a_dense_copy_at_a_window_start_is_not_a_window():
+    """Issue 22 defect 1: a step that starts a window is restored from the window only when the plan
+    chose the window; a dense copy of that step (newer than any complete window) is named as dense."""
+    spec = _sparse_spec(4)
+    crash = classify([ContainerTerminated(3, "n3", "trainer", 137)], node_of_rank=NODE_OF_RANK,
+                     hang_timeout_seconds=300)
+    logs = tuple(UpstreamLog(r, 33, 41) for r in range(4))  # complete windows 36..39 (32's slot 0 is gone)
+    # a dense copy of step 40 (a window start whose slots 41..43 were never captured) beats window 36
+    plan = plan_recovery(_state(_holdings(memory_steps=(40,), l2_steps=(20,)), logs=logs), crash, spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_window) == (RecoveryAction.LOCALIZED_REPLAY, 40, None)
+    assert "restore step 40" in plan.reason and "window" not in plan.reason
+    # the same with localized replay off: a global rung, still the dense copy
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["spec"]["checkpoint"]["sparse"] = {"window": 4}
+    plan = plan_recovery(_state(_holdings(memory_steps=(40,), l2_steps=(20,)), logs=logs), crash,
+                         load_trainingjob(body).spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_window) == (RecoveryAction.RESTART_IN_PLACE, 40, None)
+    # when the window is newer than every dense copy, the plan names the window and its length
+    plan = plan_recovery(_state(_holdings(memory_steps=(30,), l2_steps=(20,)), logs=logs), crash, spec, now=NOW)
+    assert (plan.restore_step, plan.restore_window) == (36, 4)
+    plan = plan_recovery(_state(_holdings(memory_steps=(30,), l2_steps=(20,)), logs=logs), crash,
+                         load_trainingjob(body).spec, now=NOW)
+    assert (plan.action, plan.restore_step, plan.restore_window) == (RecoveryAction.RESTART_IN_PLACE, 36, 4)
+    # the choice survives the catalog document
+    assert RecoveryPlan.from_json(plan.to_json()).restore_window == 4
+
+
+@pytest.mark.parametrize("failed_rank, named", [(0, "stage 1"), (2, "stages 0 and 2"), (4, "stage 1")])
+def test_the_reason_of_a_localized_replay_names_only_the_neighbouring_stages_that_exist(failed_rank, named):
+    """Issue 22 defect 3: a last-stage failure in a 3-stage job replays from stage 1's log alone."""
+    layout = LayoutSpec(pipeline=3, data=2)
+    nodes = tuple(f"n{r}" for r in range(6))
+    holdings = _holdings(memory_steps=(36,), l2_steps=(32,), world=6, node_of_rank=nodes)
+    logs = tuple(UpstreamLog(r, 33, 41) for r in range(6))
+    crash = classify([ContainerTerminated(failed_rank, nodes[failed_rank], "trainer", 137)], node_of_rank=nodes,
+                     hang_timeout_seconds=300)
+    state = _state(holdings, logs=logs, layout=layout, node_of_rank=nodes, nodes=tuple(NodeState(n) for n in nodes))
+    plan = plan_recovery(state, crash, _spec(localizedReplay=True), now=NOW)
+    assert plan.action is RecoveryAction.LOCALIZED_REPLAY
+    assert f"from the upstream logs of {named};" in plan.reason
+    assert "stage -1" not in plan.reason and "stage 3" not in plan.reason

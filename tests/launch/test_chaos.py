@@ -20,6 +20,8 @@ from lifeline.bench._chaos_trial import run_trial, time_lost, verdict
 from lifeline.bench.chaos import HANG_TIMEOUT_SECONDS, TEST_ENV, job_doc
 from lifeline.launch.inject import parse_injection
 
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
+
 DOC = job_doc("chaos")
 WORLD, STEPS = 2, 12
 

@@ -3,14 +3,19 @@ verdict and the time-lost attribution (issue 15)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from lifeline.bench._chaos_audit import corruption_outcomes
 from lifeline.bench._chaos_schedule import FAULTS, fault_name, schedule
 from lifeline.bench._chaos_trial import time_lost, verdict
 from lifeline.errors import ConfigError
-from lifeline.launch.inject import Injection, due, parse_injection
+from lifeline.launch.inject import Injection, due, hold_steps, parse_injection
 from lifeline.launch.preflight import check_run
+from lifeline.launch import _holds
+from lifeline.runtime import _hold
 
 from ._jobs import job_doc, write_job
 
@@ -45,6 +50,72 @@ def test_due_fires_service_faults_on_any_rank_and_recovery_faults_only_during_on
     assert due(pending, {0: 5, 1: 4}) == [Injection("node", 1, 4)]
     assert due(pending, {0: 5, 1: 4}, recovering=True) == [Injection("trainer", 1, 3, when="recovery")]
     assert pending == []
+
+
+def test_held_faults_fire_at_their_hold_together_and_fall_back_on_a_later_step():
+    """Issue 22: a fault due at step S fires when its trainer holds at S, not when a step report is seen;
+    faults due at one step wait for each other; a rank past S (no hold) fires by the reports."""
+    kill, hang = Injection("trainer", 1, 4), Injection("hang", 2, 4)
+    late, during = Injection("redis", 0, 9), Injection("trainer", 0, 3, when="recovery")
+    pending = [kill, hang, late, during]
+    assert hold_steps(pending, 0) == (9,) and hold_steps(pending, 1) == (4,) and hold_steps(pending, 3) == ()
+    assert not during.holds and kill.holds
+    assert due(pending, {0: 4, 1: 4, 2: 4}, held=set()) == [], "step 4 reported: no hold yet, nothing fires"
+    assert due(pending, {0: 4, 1: 4, 2: 4}, held={(1, 4)}) == [], "rank 2 is not holding at step 4 yet"
+    assert due(pending, {0: 4, 1: 4, 2: 4}, held={(1, 4), (2, 4)}) == [kill, hang]
+    assert due(pending, {0: 9, 1: 9}, held=set()) == [], "reported step 9 without a hold"
+    assert due(pending, {0: 9, 1: 9}, held=set(), recovering=True) == [during]
+    assert due(pending, {0: 9, 1: 10}, held=set()) == [late], "a step past 9 (the hold timed out): fallback"
+    assert pending == []
+    assert due([Injection("node", 1, 4)], {1: 4}) == [Injection("node", 1, 4)], "without holds: the reports"
+
+
+def test_a_trainer_holds_until_the_launcher_releases_it_once_per_step(tmp_path):
+    """The launcher's side (launch/_holds.py) and the trainer's (runtime/_hold.py) of one protocol."""
+    events: list[tuple[str, int | None]] = []
+
+    class Ctx:
+        rank, generation = 1, 0
+
+        def report(self, event, *, record=True, **fields):
+            events.append((event, fields.get("step")))
+
+    for name in ("HOLD_ENV", "HOLD_DIR_ENV"):
+        assert getattr(_holds, name) == getattr(_hold, name)
+    assert _holds.hold_path(tmp_path, 4) == _hold.hold_path(tmp_path, 4)
+    assert _holds.release_path(tmp_path, 4) == _hold.release_path(tmp_path, 4)
+    env = _holds.hold_env([Injection("trainer", 1, 7), Injection("sidecar", 1, 4), Injection("node", 0, 2),
+                           Injection("hang", 1, 9, when="recovery")], 1, tmp_path)
+    assert env == {_hold.HOLD_ENV: "4,7", _hold.HOLD_DIR_ENV: str(tmp_path / "holds" / "rank-1")}
+    assert _holds.hold_env([Injection("redis", 0, 5)], 1, tmp_path) == {}
+    assert _hold.Hold.from_env({_hold.HOLD_ENV: "4"}) is None
+    assert _hold.Hold.from_env({_hold.HOLD_ENV: "x", _hold.HOLD_DIR_ENV: "/d"}) is None
+    hold = _hold.Hold.from_env({**env, _hold.HOLD_DIR_ENV: str(tmp_path)})
+    assert hold is not None and hold.steps == {4, 7}
+    hold.at(Ctx(), 3)
+    assert events == [] and not list(tmp_path.iterdir())
+
+    def launcher():  # what the supervisor does: see the marker, fire, release
+        while not _holds.hold_path(tmp_path, 4).exists():
+            time.sleep(0.01)
+        _holds.release(tmp_path, 4)
+
+    settled = []
+    thread = threading.Thread(target=launcher)
+    thread.start()
+    hold.at(Ctx(), 4, settle=lambda: settled.append(True))
+    thread.join()
+    assert settled == [True] and [e for e, _ in events] == ["hold", "held"]
+    assert _holds.release_path(tmp_path, 4).exists() and not _holds.hold_path(tmp_path, 4).exists()
+    events.clear()
+    again = _hold.Hold.from_env({**env, _hold.HOLD_DIR_ENV: str(tmp_path)})  # a restarted trainer re-runs step 4
+    again.at(Ctx(), 4)
+    assert events == [], "a released step does not hold again"
+    again.timeout = 0.05
+    again.at(Ctx(), 7)  # nobody releases: it goes on after the timeout, and holds step 7 no more
+    assert events == [("hold", 7), ("hold_timeout", 7)] and not _holds.hold_path(tmp_path, 7).exists()
+    again.at(Ctx(), 7)
+    assert events == [("hold", 7), ("hold_timeout", 7)]
 
 
 def test_preflight_refuses_faults_the_run_cannot_carry_out(tmp_path):

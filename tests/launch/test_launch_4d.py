@@ -12,6 +12,8 @@ import pytest
 
 from ._jobs import job_doc, lifeline_run, trainer_events, write_job
 
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
+
 STEPS = 6
 LAYOUT = {"tensor": 2, "pipeline": 2, "data": 1, "expert": 2}
 WORLD = 8

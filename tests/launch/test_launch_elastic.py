@@ -4,9 +4,13 @@ to the spec's size, again from memory; the job finishes."""
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 
 from ._jobs import job_doc, lifeline_run, trainer_events, write_job
+
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
 
 
 def test_a_lost_node_without_room_shrinks_from_memory_and_its_return_grows_the_job_back(tmp_path):

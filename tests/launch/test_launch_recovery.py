@@ -31,6 +31,8 @@ from ._jobs import (
     write_job,
 )
 
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
+
 WORLD = 4
 
 

@@ -60,7 +60,14 @@ def test_seeded_catalog_lets_stored_blobs_verify(redis_server):
             assert "checksum" in str(err).lower()
         else:
             raise AssertionError("a corrupt blob verified against the seeded metadata")
-        assert checksum_digest(catalog.metas(8)) == checksum_digest(catalog.metas(8))
+        metas = catalog.metas(8)
+        digest = checksum_digest(metas)
+        renamed = [json.dumps({**json.loads(m), "job": "another-job"}) for m in metas]
+        assert checksum_digest(renamed) == digest  # the job's name is not part of the state
+        changed = json.loads(metas[1])
+        next(iter(changed["tensors"].values()))["chunks"][0][4] ^= 1  # one chunk's crc32c differs
+        assert checksum_digest([metas[0], json.dumps(changed), *metas[2:]]) != digest
+        assert checksum_digest([metas[0], None, *metas[2:]]) != digest  # a missing shard shows
     finally:
         catalog.wipe()
         catalog.close()

@@ -20,6 +20,8 @@ from lifeline.checkpoint import consolidate, list_steps, read_window_manifest, s
 
 from ._jobs import job_doc, lifeline_run, trainer_events, write_job
 
+pytestmark = pytest.mark.slow  # `lifeline run` end to end: not in the fast local suite (docs/testing.md)
+
 W = 3
 
 
@@ -96,8 +98,9 @@ def test_losing_every_node_restores_the_window_from_l2_and_ends_bit_identical(tm
     assert summary["phase"] == "Succeeded"
     first = summary["recoveries"][0]
     assert (first["action"], first["tier"]) == ("Rollback", "L2")
-    # the latest window every rank committed: 3..5, or 6..8 when step 8 finished before the kill
-    assert first["restore_step"] in (3, 6) and first["restore_step"] + W - 1 <= first["from_step"] + 1
+    # the latest window every rank committed: 3..5 (both ranks hold at step 7 until the kills land,
+    # so window 6..8 never completes)
+    assert (first["restore_step"], first["from_step"]) == (3, 7), first
     restores = [e for e in trainer_events(tmp_path / "state") if e.get("event") == "restore" and e["generation"] == 1]
     assert {(e["rank"], e.get("source")) for e in restores} == {(0, "window"), (1, "window")}
     assert summary["digest"] == reference["digest"], "final parameters differ from the failure-free run"

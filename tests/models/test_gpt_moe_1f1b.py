@@ -17,6 +17,8 @@ from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoESpec
 from ._runs import run_ranks
 from ._worker import DictLog
 
+pytestmark = pytest.mark.slow  # multi-process torch runs: not in the fast local suite (docs/testing.md)
+
 STEPS = 3
 MICRO = 5
 P3 = {"corpus_bytes": 1 << 18, "n_layers": 3, "micro_batches": MICRO, "grad_clip": 0.5, "warmup_steps": 2}

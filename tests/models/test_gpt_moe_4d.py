@@ -16,6 +16,8 @@ from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoESpec, pattern_rules
 
 from ._runs import run_ranks
 
+pytestmark = pytest.mark.slow  # multi-process torch runs: not in the fast local suite (docs/testing.md)
+
 STEPS = 6
 MODEL = {"corpus_bytes": 1 << 18}
 CFG = GPTMoEConfig.from_mapping(MODEL)

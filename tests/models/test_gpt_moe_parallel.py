@@ -7,6 +7,8 @@ import torch
 
 from ._runs import merged, run_ranks
 
+pytestmark = pytest.mark.slow  # multi-process torch runs: not in the fast local suite (docs/testing.md)
+
 STEPS = 24
 
 

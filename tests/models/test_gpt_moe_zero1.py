@@ -18,6 +18,8 @@ from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoESpec, pattern_rules
 
 from ._runs import run_ranks
 
+pytestmark = pytest.mark.slow  # multi-process torch runs: not in the fast local suite (docs/testing.md)
+
 STEPS = 4
 MODEL = {"d_model": 32, "n_heads": 4, "d_expert": 32, "seq_len": 32, "micro_batch": 2, "corpus_bytes": 1 << 16}
 CFG = GPTMoEConfig.from_mapping(MODEL)

@@ -29,6 +29,8 @@ from lifeline.operator.access import ensure_network_policy, ensure_redis_user, e
 from lifeline.operator.reconcile import Env
 from lifeline.operator.settings import OperatorSettings
 
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "lifeline"
 EXAMPLE = ROOT / "examples" / "gpt-moe.yaml"

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
+
 from lifeline.api import LayoutSpec, RecoveryPlan
 from lifeline.checkpoint import Layout, blob_key, consolidate, list_steps, storage_from_uri
 from lifeline.catalog import Catalog
 
 from ._harness import await_condition, events, job_name, rank_env, start, stop, wait_all
+
+pytestmark = pytest.mark.slow  # multi-process torch runs: not in the fast local suite (docs/testing.md)
 
 WORLD = 4
 LAYOUT = json.dumps({"pipeline": 2, "data": 2})

@@ -146,6 +146,10 @@ class RecoveryPlan:
         failures: the failures this plan answers.
         reason: why this rung, in words (for events and ``status.recoveries[].reason``).
         replay_to_step: ``LocalizedReplay`` only: the step the replaying stage catches up to.
+        restore_window: W (steps) when ``restore_step`` names the start of a complete sparse window
+            of W slots (MoEvement §4) that the restoring ranks load slot by slot; ``None`` when it
+            names a dense checkpoint. A restore reads exactly the copy the plan names: a window is
+            never taken for a dense copy of the same step, nor the other way round.
     """
 
     action: RecoveryAction
@@ -163,6 +167,7 @@ class RecoveryPlan:
     failures: tuple[Failure, ...]
     reason: str
     replay_to_step: int | None = None
+    restore_window: int | None = None
 
     @classmethod
     def restore_all(cls, generation: int, restore_step: int | None, layout: LayoutSpec, *,
@@ -215,6 +220,7 @@ class RecoveryPlan:
             "restarts": self.restarts,
             "restoreStep": self.restore_step,
             "replayToStep": self.replay_to_step,
+            "restoreWindow": self.restore_window,
             "layout": self.layout.to_wire(),
             "nodeOfRank": list(self.node_of_rank),
             "restoreRanks": list(self.restore_ranks),
@@ -245,6 +251,7 @@ class RecoveryPlan:
                 restarts=int(d["restarts"]),
                 restore_step=d["restoreStep"],
                 replay_to_step=d.get("replayToStep"),
+                restore_window=d.get("restoreWindow"),
                 layout=LayoutSpec.model_validate(d["layout"]),
                 node_of_rank=tuple(d["nodeOfRank"]),
                 restore_ranks=tuple(d["restoreRanks"]),

@@ -232,6 +232,29 @@ def chaos_command(
                               reference=reference, spares_per_node=spares_per_node), indent=1))
 
 
+@app.command("fuzz")
+def fuzz_command(
+    trials: int = typer.Option(100, "--trials", help="Trials (trial i has seed SEED + i)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the first trial (--seed S --trials 1 replays trial S)."),
+    max_world: int = typer.Option(8, "--max-world", help="Ranks at most in a drawn layout (2..8)."),
+    exact_reference: bool = typer.Option(False, "--exact-reference", help="One failure-free reference per full "
+                                         "configuration (default: one per shape: layout, model, steps)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
+    state_dir: str = _state_dir("Directory for the runs (default: a new temp dir; failed trials are kept)."),
+) -> None:
+    """Differential fuzzer: random configurations under random faults vs the failure-free run: same digest,
+    same loss at every step, the cheapest rung, no second recovery without a second fault, time lost bounded."""
+    import json
+
+    _check((trials < 1, "--trials", f"must be >= 1, got {trials}"),
+           (seed < 0, "--seed", f"must be >= 0, got {seed}"),
+           (not 2 <= max_world <= 8, "--max-world", f"must be in [2, 8], got {max_world}"), state_dir=state_dir)
+    from lifeline.bench.fuzz import run
+
+    typer.echo(json.dumps(run(trials=trials, seed=seed, max_world=max_world, workdir=state_dir, keep=keep,
+                              exact_reference=exact_reference), indent=1))
+
+
 def _changes(text: str) -> tuple[tuple[int, int], ...] | None:
     """``"4:2,2:4"`` -> ``((4, 2), (2, 4))``; ``None`` when malformed or a degree is < 1 or A == B."""
     try:

@@ -9,8 +9,11 @@ One JSON object, every peer measured in the same run:
 * ``recovery`` — one failed pipeline stage, localized replay vs global rollback from the same
   checkpoint, with ``lifeline run`` (:mod:`lifeline.bench._moe_recovery`): time to the failure step,
   rank-seconds recomputed, upstream-log bytes and seconds per step.
-* ``ettr`` — the ETTR of a 16,384-GPU job at MTBF 10, 20 and 60 minutes, fed with the measured
-  costs, next to CheckFreq, Gemini and MoEvement modeled from their papers
+* ``ettr`` — the ETTR of a 16,384-GPU job at job MTBFs of 10, 20 and 60 minutes and at a measured
+  per-GPU MTBF (:mod:`lifeline.bench._moe_ettr`): CheckFreq, Gemini, MoEvement and Lifeline charged
+  the same shared costs (this run's step time, state bytes, copy bandwidth and replay pace; the
+  detection, restart and rendezvous times of ``recovery_costs``, a ``lifeline bench recovery``
+  result, else of the localized recovery row), each differing only in what its design changes
   (:func:`lifeline.control.ettr.ettr_table`).
 """
 
@@ -24,8 +27,13 @@ __all__ = ["run"]
 
 
 def run(*, experts: tuple[int, ...] = (8, 32, 64), steps: int = 12, fail_step: int = 7, every: int = 4,
-        recovery: bool = True, workdir: str | None = None) -> dict[str, Any]:
-    """Run every row (see the module docstring); returns the JSON-ready object."""
+        recovery: bool = True, workdir: str | None = None,
+        recovery_costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every row (see the module docstring); returns the JSON-ready object.
+
+    ``recovery_costs``: a ``lifeline bench recovery`` result whose detection, restart and
+    rendezvous times the ETTR rows charge every system (default: the localized recovery row's).
+    """
     from lifeline.bench._moe_ettr import ettr_rows
     from lifeline.bench._moe_recovery import recovery_rows
     from lifeline.bench._moe_sparse import checkpoint_rows
@@ -44,6 +52,6 @@ def run(*, experts: tuple[int, ...] = (8, 32, 64), steps: int = 12, fail_step: i
     }
     if recovery:
         out["recovery"] = recovery_rows(root, steps=steps, every=every, fail_step=fail_step)
-    out["ettr"] = ettr_rows(out["checkpoint"], out.get("recovery"))
+    out["ettr"] = ettr_rows(out["checkpoint"], out.get("recovery"), recovery_costs)
     out["state_dir"] = str(root)
     return out

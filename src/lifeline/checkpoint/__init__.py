@@ -16,7 +16,7 @@ for _module, _names in {
     "_layout": ["Layout", "RankCoords"],
     "_patterns": ["Pattern", "Replicated", "Sharded", "SubParams", "Padded", "Expert", "Zero1"],
     "_rules": ["PatternRules"],
-    "_plan": ["ALIGN", "ShardPlan", "plan_shard", "write_shard"],
+    "_plan": ["ALIGN", "ShardPlan", "plan_shard", "shard_buffers", "write_shard"],
     "_metadata": ["DEFAULT_BLOCK_SIZE", "seal_shard", "seal_entries", "choose_block_size", "ShardMetadata",
                   "TensorMeta", "ChunkMeta", "BytesMeta"],
     "_manifest": ["FORMAT_VERSION", "Manifest", "TensorRecord", "ChunkRef"],

@@ -200,6 +200,26 @@ class ShardMetadata:
         except json.JSONDecodeError as err:
             raise ManifestError(f"shard metadata is not JSON: {err}") from err
 
+    def mismatches(self, entry_bytes: Any) -> list[str]:
+        """The tensors and byte entries whose bytes differ from the recorded checksums, in blob order.
+
+        ``entry_bytes(byte_offset, byte_length)`` returns the bytes of the chunk or byte entry planned
+        at ``byte_offset`` (e.g. ``shard_buffers(plan, state)[1]`` over a live state, so nothing is
+        copied); each chunk is checksummed with its recorded block size. An empty list: the state is
+        the one this metadata was sealed from, bit for bit (up to crc32c collisions)."""
+        out: list[str] = []
+        for t in self.tensors:
+            for c in t.chunks:
+                data = memoryview(entry_bytes(c.byte_offset, c.byte_length)).cast("B")
+                if len(data) != c.byte_length or block_crcs(data, c.block_size) != c.blocks:
+                    out.append(t.fqn)
+                    break
+        for b in self.bytes_entries:
+            data = memoryview(entry_bytes(b.byte_offset, b.byte_length)).cast("B")
+            if len(data) != b.byte_length or crc32c(data) != b.crc32c:
+                out.append(b.key)
+        return out
+
     def verify(self, blob: Any) -> None:
         """Re-check every chunk and byte entry of ``blob``; raises :class:`ChecksumError` naming the first bad one."""
         data = _readonly_view(blob)

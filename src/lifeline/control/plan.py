@@ -123,24 +123,25 @@ def plan_recovery(
     everyone = tuple(range(world))
 
     def plan(action: RecoveryAction, step: int | None, sources: dict[int, RestoreSource], ranks: tuple[int, ...],
-             why: str, replay_to: int | None = None) -> RecoveryPlan:
+             why: str, replay_to: int | None = None, window: int | None = None) -> RecoveryPlan:
         return RecoveryPlan(
             action=action, restore_step=step, layout=state.layout, node_of_rank=node_of_rank,
             restore_ranks=ranks, sources=with_nodes(sources, state.node_of_rank),
             restart_ranks=tuple(sorted(restart)), create_pods=create, delete_ranks=(),
-            reason=f"{what}; {why}{wait}", replay_to_step=replay_to, **common,
+            reason=f"{what}; {why}{wait}", replay_to_step=replay_to, restore_window=window, **common,
         )
 
     usable = usable_holdings(state, lost)
     replay = _localized_replay(state, spec, lost | restart, usable, hang, lost)
     if replay is not None:
-        step, src, ranks, stage = replay
-        copy = "the sparse window starting at" if _window_chosen(state, spec, ranks, step) else "step"
-        steps = f"replay steps {step + 1}..{state.step} from the upstream logs of stages {stage - 1} and " \
-                f"{stage + 1}" if step < state.step else "replay nothing (the copy is of the current step)"
+        step, src, ranks, stage, window = replay
+        copy = "the sparse window starting at" if window is not None else "step"
+        steps = f"replay steps {step + 1}..{state.step} from the upstream logs of " \
+                f"{_stage_names(stage, state.layout.pipeline)}" if step < state.step else \
+                "replay nothing (the copy is of the current step)"
         return plan(RecoveryAction.LOCALIZED_REPLAY, step, src, ranks,
                     f"only stage {stage} failed: ranks {list(ranks)} restore {copy} {step} ({_farthest(src)}) and "
-                    f"{steps}; the other stages keep their state", replay_to=state.step)
+                    f"{steps}; the other stages keep their state", replay_to=state.step, window=window)
     mem_step, mem_src = latest_covered(everyone, usable, ("L0", "L1"), state.step)
     any_step, any_src = latest_covered(everyone, usable, TIERS, state.step)
     window = _latest_window(everyone, {log.rank: log for log in state.upstream_logs}, spec, state.step)
@@ -153,17 +154,20 @@ def plan_recovery(
         return plan(RecoveryAction.ROLLBACK, stored, src, everyone,
                     f"memory tiers do not hold a newer copy; every rank's sparse window of steps {stored}..{end} is "
                     f"committed to L2, newer than any dense copy: all ranks restore its first slot from L2 and "
-                    f"re-run to step {state.step}, applying its slots up to step {end} (sparse-to-dense conversion)")
+                    f"re-run to step {state.step}, applying its slots up to step {end} (sparse-to-dense conversion)",
+                    window=spec.checkpoint.sparse.window)
     if window is not None and all(s is None or window > s for s in (mem_step, any_step)):
         src = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in everyone}
         end = window + spec.checkpoint.sparse.window - 1
         why = (f"every rank holds the sparse window of steps {window}..{end} in memory, newer than any dense copy; "
                f"all ranks restore its first slot and re-run to step {state.step}, applying its slots up to step "
                f"{end} (online sparse-to-dense conversion)")
+        w = spec.checkpoint.sparse.window
         if not lost:
             return plan(RecoveryAction.RESTART_IN_PLACE, window, src, everyone, f"{why}; restarting trainers "
-                        f"{sorted(restart)} in place")
-        return plan(RecoveryAction.REPLACE_PODS, window, src, everyone, f"{why}; replacing pods of ranks {sorted(lost)}")
+                        f"{sorted(restart)} in place", window=w)
+        return plan(RecoveryAction.REPLACE_PODS, window, src, everyone,
+                    f"{why}; replacing pods of ranks {sorted(lost)}", window=w)
     if mem_step is not None and (any_step is None or mem_step >= any_step):
         if not lost:
             return plan(RecoveryAction.RESTART_IN_PLACE, mem_step, mem_src, everyone,
@@ -193,8 +197,9 @@ def _farthest(sources: dict[int, RestoreSource]) -> Tier:
 
 def _localized_replay(
     state: JobState, spec: TrainingJobSpec, failed: set[int], usable: dict, hang: bool, lost: set[int] = frozenset()
-) -> tuple[int, dict[int, RestoreSource], tuple[int, ...], int] | None:
-    """``(step, sources, replay ranks, stage)`` when one stage can restore and replay alone: the
+) -> tuple[int, dict[int, RestoreSource], tuple[int, ...], int, int | None] | None:
+    """``(step, sources, replay ranks, stage, window)`` when one stage can restore and replay alone
+    (``window``: W when the step is the start of a sparse window, ``None`` for a dense copy): the
     failed ranks all sit in one stage, its ranks (the stage's replica group) hold a copy of a common
     step — a dense checkpoint, or with sparse checkpoints the start of a complete window
     (:func:`_latest_window`), whichever is later — and every neighbour of every one of them logged
@@ -211,14 +216,15 @@ def _localized_replay(
     stage = stages.pop()
     ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
     step, sources = latest_covered(ranks, usable, TIERS, state.step)
+    chosen: int | None = None  # W when a window is the copy restored; a dense copy of an equal step wins
     logs = {log.rank: log for log in state.upstream_logs}
     window = _latest_window(ranks, logs, spec, state.step)
     if window is not None and (step is None or window > step) and _slots_survive(ranks, lost, state, spec):
-        step = window  # slots live in the log store: the lost ranks' copies are their L1 peers'
+        step, chosen = window, spec.checkpoint.sparse.window  # slots live in the log store: the lost
         sources = {r: RestoreSource(r, "L1" if r in lost else "L0", None if r in lost else r, None) for r in ranks}
-    stored = _latest_stored_window(ranks, state, spec)
+    stored = _latest_stored_window(ranks, state, spec)  # (ranks' copies are their L1 peers')
     if stored is not None and (step is None or stored > step):
-        step = stored  # the window's slots are read from L2 (their memory copies are gone)
+        step, chosen = stored, spec.checkpoint.sparse.window  # the slots are read from L2 (memory copies gone)
         sources = {r: RestoreSource(r, "L2", None, None) for r in ranks}
     if step is None:
         return None
@@ -227,7 +233,7 @@ def _localized_replay(
             log = logs.get(neighbour)
             if step < state.step and (log is None or not log.covers(step + 1, state.step)):
                 return None
-    return step, sources, ranks, stage
+    return step, sources, ranks, stage, chosen
 
 
 def _latest_window(ranks: Sequence[int], logs: dict[int, UpstreamLog], spec: TrainingJobSpec, step: int
@@ -277,9 +283,10 @@ def _latest_stored_window(ranks: Sequence[int], state: JobState, spec: TrainingJ
     return max(starts, default=None)
 
 
-def _window_chosen(state: JobState, spec: TrainingJobSpec, ranks: Sequence[int], step: int) -> bool:
-    logs = {log.rank: log for log in state.upstream_logs}
-    return step in (_latest_window(ranks, logs, spec, state.step), _latest_stored_window(ranks, state, spec))
+def _stage_names(stage: int, stages: int) -> str:
+    """The neighbours of ``stage`` among ``stages`` pipeline stages, in words ("stages 0 and 2", "stage 1")."""
+    named = [s for s in (stage - 1, stage + 1) if 0 <= s < stages]
+    return f"stage {named[0]}" if len(named) == 1 else f"stages {named[0]} and {named[1]}"
 
 
 def _neighbours(rank: int, layout: LayoutSpec) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from lifeline.api import LayoutSpec, TrainingJob
 from lifeline.api.pod import default_arena_dir
 from lifeline.control import NodeState
+from lifeline.launch._holds import hold_dir, hold_env
 from lifeline.launch._pods import Pod, stop_all
 from lifeline.launch._records import LaunchOptions
 from lifeline.launch.env import RankProcesses, Secrets, node_ip, rank_processes
@@ -56,11 +57,17 @@ class Fleet:
             if s.s3_endpoint:
                 env.update(LIFELINE_S3_ENDPOINT=s.s3_endpoint, LIFELINE_S3_ACCESS_KEY=s.s3_access_key,
                            LIFELINE_S3_SECRET_KEY=s.s3_secret_key)
+        # deterministic injection: the trainer holds at its faults' steps until they fired
+        env.update(hold_env(self.options.injections, rank, self.options.state_dir.resolve()))
         arena = default_arena_dir(self.name, rank).with_name(f"lifeline-{self.name}-{rank}-{node}")
         return rank_processes(
             self.job, rank, layout=layout, generation=generation, node=node, pod_ip=node_ip(index),
             arena_dir=arena, redis_url=s.redis_url, secrets=self.secrets, persist_uri=s.persist_uri,
             s3_endpoint=s.s3_endpoint, extra_env=env)
+
+    def hold_dir(self, rank: int) -> Path:
+        """Where ``rank``'s trainer holds at a fault's step and is released (:mod:`lifeline.launch._holds`)."""
+        return hold_dir(self.options.state_dir.resolve(), rank)
 
     def create_pod(self, rank: int, node: str, *, layout: LayoutSpec, generation: int, spares: bool = True) -> Pod:
         """Start ``rank``'s sidecar and trainer on ``node`` (from spares when ``spares`` and one waits)."""

@@ -67,11 +67,12 @@ class Faults:
         self.minio_down_until: float | None = None
         """While set, the watchdog leaves MinIO down until this time (a ``minio`` outage)."""
 
-    def fire(self, inj: Injection) -> FiredFault:
+    def fire(self, inj: Injection, *, step: int | None = None) -> FiredFault:
         """Inject ``inj`` now; returns (and keeps) its record. Never raises for a rank without a pod
-        or a copy not found: the record's ``note`` says so."""
+        or a copy not found: the record's ``note`` says so. ``step``: a step a rank is known to have
+        reported although this round's catalog view may not show it yet (the step a trainer holds at)."""
         sup = self.sup
-        rec = FiredFault(inj, time.time(), max(sup.tally.seen_step.values(), default=0),
+        rec = FiredFault(inj, time.time(), max([*sup.tally.seen_step.values(), step or 0]),
                          recovers=inj.kind not in ("redis", "minio"))
         if sup.pods and all(p.exit_code("trainer") == 0 for p in sup.pods.values()):
             rec.recovers, rec.ineffective, rec.note = False, True, "the job had finished: nothing injected"

@@ -22,18 +22,30 @@ Kinds (what :mod:`lifeline.launch.faults` does when one fires):
   (DESIGN.md invariant 4).
 
 Fields: ``rank=R`` (process kinds and ``flip``), ``step=S`` (always), ``tier=L0|L1|L2`` (``flip``),
-``seconds=D`` (``minio``), ``when=recovery`` (any kind): fire once the rank (any rank, for ``redis`` and
-``minio``) reported ``step`` or later — with ``when=recovery`` only while a recovery is in progress
+``seconds=D`` (``minio``), ``when=recovery`` (any kind).
+
+When it fires — deterministically at step ``S``: the launcher gives the trainer of the rank hit (rank
+0 for ``redis`` and ``minio``) the steps of its faults (:func:`hold_steps`, see
+:mod:`lifeline.runtime._hold`); once it completed step ``S`` — reported it and handed the step's
+checkpoint to its sidecar — it creates a ``hold-S`` file and waits. The fault fires when the launcher
+sees that file (``due(..., held=)``; faults due at the same step fire together, once every one of
+them holds) and the launcher then writes ``release-S``: a fault that did not kill or stop the trainer
+lets it go on, and a re-run of step ``S`` after a recovery does not hold again. Fallback (a hold that
+timed out, a step the rank never trained in this run): the fault fires once the rank (any rank, for
+the service kinds) reported a step past ``S``. ``when=recovery`` faults do not hold: they fire once
+the rank (any rank, for the service kinds) reported ``step`` or later while a recovery is in progress
 (a plan published, training not yet resumed): a fault during a recovery.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
 
-__all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "Injection", "parse_injection", "random_injections", "due"]
+__all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "Injection", "parse_injection", "random_injections", "due",
+           "hold_steps"]
 
 KINDS = ("trainer", "sidecar", "node", "hang", "redis", "minio", "flip")
 SERVICE_KINDS = ("redis", "minio", "operator")
@@ -46,12 +58,13 @@ MINIO_OUTAGE_SECONDS = 3.0
 
 @dataclass(frozen=True)
 class Injection:
-    """Inject ``kind`` once ``rank`` reported ``step`` (see the module docstring).
+    """Inject ``kind`` when ``rank``'s trainer holds at ``step`` (see the module docstring).
 
     Attributes:
         kind: one of :data:`KINDS`.
-        rank: the rank hit (0 for the service kinds, whose ``step`` counts on any rank).
-        step: fire when the step reported reaches this.
+        rank: the rank hit (0 for the service kinds: rank 0 holds for them; the fallback and
+            ``when=recovery`` count their ``step`` on any rank).
+        step: the step it fires at (the rank completed it and holds there).
         tier: ``L0``/``L1``/``L2`` for ``flip``, else ``None``.
         seconds: a ``minio`` outage's length, seconds (``None``: :data:`MINIO_OUTAGE_SECONDS`).
         when: ``"recovery"``: only while a recovery is in progress; ``None``: at once.
@@ -88,23 +101,50 @@ class Injection:
         return self.kind == "node" or (self.kind == "flip" and self.tier in ("L1", "L2"))
 
     @property
+    def holds(self) -> bool:
+        """Whether the trainer of :attr:`rank` holds at :attr:`step` until it fires (every fault but
+        ``when=recovery``, which waits for a recovery instead; see the module docstring)."""
+        return self.when is None
+
+    @property
     def outage_seconds(self) -> float:
         """A ``minio`` injection's outage, seconds."""
         return MINIO_OUTAGE_SECONDS if self.seconds is None else self.seconds
 
 
-def due(pending: list[Injection], reached: dict[int, int], *, recovering: bool = False) -> list[Injection]:
+def hold_steps(injections: Iterable[Injection], rank: int) -> tuple[int, ...]:
+    """The steps at which ``rank``'s trainer holds: those of the holding injections that hit it (rank 0
+    takes the service kinds'), sorted."""
+    return tuple(sorted({inj.step for inj in injections if inj.holds and inj.rank == rank}))
+
+
+def due(pending: list[Injection], reached: dict[int, int], *, recovering: bool = False,
+        held: Collection[tuple[int, int]] | None = None) -> list[Injection]:
     """Remove from ``pending`` and return the injections that fire now.
 
     Args:
         pending: injections not fired yet (changed in place).
         reached: rank -> the highest step it reported.
         recovering: a recovery is in progress (``when=recovery`` injections fire only then).
+        held: ``(rank, step)`` of the trainers holding at a step now (their ``hold-<step>`` files exist);
+            ``None``: no trainer holds (every injection fires on the reported steps, as ``when=recovery``
+            ones always do).
     """
     top = max(reached.values(), default=0)
-    fire = [inj for inj in pending
-            if (top if inj.kind in SERVICE_KINDS else reached.get(inj.rank, 0)) >= inj.step
-            and (inj.when is None or recovering)]
+
+    def seen(inj: Injection) -> int:
+        return top if inj.kind in SERVICE_KINDS else reached.get(inj.rank, 0)
+
+    if held is None:
+        fire = [inj for inj in pending if seen(inj) >= inj.step and (inj.when is None or recovering)]
+    else:
+        # a holding injection is ready when its trainer holds at its step, or trained past it (the hold
+        # timed out, or this run never trained that step); those due at one step fire together
+        ready = {id(inj) for inj in pending if inj.holds and ((inj.rank, inj.step) in held or seen(inj) > inj.step)}
+        waiting = {inj.step for inj in pending if inj.holds and id(inj) not in ready}
+        fire = [inj for inj in pending
+                if (inj.holds and id(inj) in ready and inj.step not in waiting)
+                or (not inj.holds and seen(inj) >= inj.step and recovering)]
     for inj in fire:
         pending.remove(inj)
     return fire

@@ -16,6 +16,7 @@ when the spec's layout changed).
 from __future__ import annotations
 
 import secrets as _secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,6 +28,7 @@ from lifeline.control import Decision, NodeState, Progress, Record, Settle, deci
 from lifeline.errors import CatalogError, RecoveryError
 from lifeline.launch._elastic import NodeReturns, Retiring
 from lifeline.launch._fleet import Fleet
+from lifeline.launch._holds import hold_path, release
 from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
 from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot, Tally, stuck_ranks
@@ -150,6 +152,8 @@ class Supervisor:
             self.record = Record(generation=start.generation, plan=start)
             self.resumed_from = start.restore_step
             self._event(f"resuming from L2 step {start.restore_step}: {start.reason}")
+        # this run's faults hold the trainers afresh (a state dir run before keeps its releases)
+        shutil.rmtree(self.state_dir / "holds", ignore_errors=True)
         self.fleet = Fleet(self.job, self.options, self.services, self.secrets, self.nodes, self.log_dir)
         self.pods = self.fleet.pods
         self.faults = Faults(self)
@@ -298,14 +302,34 @@ class Supervisor:
         self._waiter.wait(self.fleet.processes() if self.fleet is not None else [], seconds)
 
     def _inject(self) -> None:
+        """Fire the injections due (:func:`lifeline.launch.inject.due`): those whose trainer holds at
+        their step (its ``hold-<step>`` file exists), then release those holds; the fallback and
+        ``when=recovery`` ones on the reported steps."""
         assert self.faults is not None
         recs = self.snapshot.recoveries
         recovering = bool(recs) and recs[-1].resumed_at is None
-        for inj in due(self.pending, self.tally.seen_step, recovering=recovering):
-            fired = self.faults.fire(inj)
+        held = self._held()
+        fired_now = due(self.pending, self.tally.seen_step, recovering=recovering, held=held)
+        for inj in fired_now:
+            holding = (inj.rank, inj.step) in held
+            fired = self.faults.fire(inj, step=inj.step if holding else None)
             if fired.recovers:  # time lost counts from here (service faults call for no recovery)
                 self._injected_at = self._injected_at or fired.at
-            self._event(f"injecting {inj} (at step {fired.step})" + (f": {fired.note}" if fired.note else ""))
+            self._event(f"injecting {inj} (at step {fired.step}{', held' if holding else ''})"
+                        + (f": {fired.note}" if fired.note else ""))
+        for inj in fired_now:  # after the whole group fired: a trainer the fault left alive goes on, and a
+            if inj.holds and self.fleet is not None:  # re-run of the step after a recovery does not hold
+                try:
+                    release(self.fleet.hold_dir(inj.rank), inj.step)
+                except OSError as err:
+                    self._event(f"could not release the hold of {inj}: {err}")
+
+    def _held(self) -> set[tuple[int, int]]:
+        """``(rank, step)`` of the pending injections whose trainer holds at their step now."""
+        if self.fleet is None:
+            return set()
+        return {(inj.rank, inj.step) for inj in self.pending
+                if inj.holds and hold_path(self.fleet.hold_dir(inj.rank), inj.step).exists()}
 
     def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None) -> None:
         assert self.catalog is not None

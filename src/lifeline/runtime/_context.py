@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -18,6 +21,7 @@ from lifeline.catalog import Catalog, ProgressReport
 from lifeline.checkpoint import Layout
 from lifeline.errors import CatalogError, ConfigError, LayoutError, RecoveryError
 from lifeline.runtime._rendezvous import Superseded, rendezvous
+from lifeline.runtime._watchdog import Watchdog
 
 __all__ = ["RuntimeContext", "init"]
 
@@ -38,6 +42,9 @@ class RuntimeContext:
             or hosted; ``barrier``: every rank connected; ``process_group``: ``init_process_group``).
         retired: an elastic reshard left this rank out of the current layout (:meth:`adopt`); the
             trainer has nothing to do and exits 0.
+        watchdog: breaks this generation's gloo connections once the catalog publishes a newer
+            generation, so that a collective blocked on a dead or re-planned peer raises at once
+            (:mod:`lifeline.runtime._watchdog`); ``None`` without a catalog.
     """
 
     settings: TrainerSettings
@@ -50,6 +57,7 @@ class RuntimeContext:
     restarts: int = 0
     join_seconds: dict[str, float] = field(default_factory=dict)
     retired: bool = False
+    watchdog: Watchdog | None = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
     _gen_store: Any = field(default=None, repr=False)
 
@@ -86,10 +94,44 @@ class RuntimeContext:
         t1 = time.perf_counter()
         self._await_members(prefixed, generation)
         t2 = time.perf_counter()
+        watchdog = self._watchdog()
+        if watchdog is not None:  # the connections init_process_group opens are this generation's
+            watchdog.reset(exclude_ports=(getattr(store, "port", None), urlparse(s.redis_url or "").port or 6379))
+            watchdog.mark()
         dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size,
                                 timeout=self.collective_timeout)
+        if watchdog is not None:
+            watchdog.arm(generation)
         self.join_seconds = {"rendezvous": round(t1 - t0, 4), "barrier": round(t2 - t1, 4),
                              "process_group": round(time.perf_counter() - t2, 4)}
+
+    def _watchdog(self) -> Watchdog | None:
+        """The context's watchdog, created on first use (``None`` without a catalog)."""
+        if self.watchdog is None and self.catalog is not None:
+            self.watchdog = Watchdog(self.catalog.generation, self._report_broken)
+        return self.watchdog
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Wrap the building of sub-groups (``trainer.connect``): the connections opened inside are
+        broken with the default group's when a newer generation is published (else a collective
+        on them waits out its timeout). No-op without a catalog or a process group."""
+        watchdog = self.watchdog if dist.is_initialized() else None
+        if watchdog is not None:
+            watchdog.mark()
+        try:
+            yield
+        finally:
+            if watchdog is not None:
+                watchdog.arm(self.generation)
+
+    def _report_broken(self, generation: int, seconds: float, sockets: int) -> None:
+        """The watchdog broke ``generation``'s connections: one ``broke_group`` line (stdout only),
+        ``seconds`` from seeing the newer generation to the end of the break, ``sockets`` shut down."""
+        report = ProgressReport("broke_group", self.job, self.rank, generation, round(time.time(), 4), None,
+                                {"seconds": round(seconds, 6), "sockets": sockets})
+        sys.stdout.write(report.to_json() + "\n")
+        sys.stdout.flush()
 
     def _await_members(self, store, generation: int, poll: float = 0.02) -> None:
         """Store-based join barrier: wait (up to the rendezvous timeout) until every rank of
@@ -124,7 +166,10 @@ class RuntimeContext:
 
     def teardown(self) -> None:
         """Destroy the current process group (closing its connections, which fails peers' pending
-        collectives promptly) and drop the generation's store. Never raises."""
+        collectives promptly) and drop the generation's store. The watchdog is disarmed first, so
+        that it never shuts down a descriptor the teardown closes. Never raises."""
+        if self.watchdog is not None:
+            self.watchdog.disarm()
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -259,8 +304,10 @@ class RuntimeContext:
         return True
 
     def close(self) -> None:
-        """Tear down the process group and close the catalog connection."""
+        """Tear down the process group, end the watchdog and close the catalog connection."""
         self.teardown()
+        if self.watchdog is not None:
+            self.watchdog.close()
         if self.catalog is not None:
             self.catalog.close()
 

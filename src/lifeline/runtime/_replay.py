@@ -24,6 +24,7 @@ from torch import Tensor
 from lifeline.api.recovery import RecoveryPlan
 from lifeline.catalog import Catalog, LogCoverage
 from lifeline.errors import CatalogError, LifelineError, RecoveryError
+from lifeline.runtime._verify import perturb_point
 from lifeline.sidecar.client import LogKey
 
 __all__ = ["UpstreamLog", "localized_recovery", "restore_window"]
@@ -119,11 +120,11 @@ class UpstreamLog:
 
 
 def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any, log: UpstreamLog | None,
-                       sparse: Any = None) -> Any:
+                       sparse: Any = None, verifier: Any = None) -> Any:
     """Apply a ``LocalizedReplay`` plan in this rank after joining its generation; returns the trainer.
 
-    * A rank in ``plan.restore_ranks``: with ``sparse`` (its :class:`~lifeline.runtime._sparse.SparseWindows`)
-      and a plan step that starts a window whose slot 0 it can fetch, it loads that slot (a
+    * A rank in ``plan.restore_ranks``: when the plan names a sparse window (``plan.restore_window``)
+      it loads slot 0 from ``sparse`` (its :class:`~lifeline.runtime._sparse.SparseWindows`; a
       ``restore`` event with ``source: "window"``) and applies each later slot of the window after
       replaying its step; otherwise ``restore(plan.restore_step)`` (the caller's dense restore,
       which reports it). Then ``trainer.replay_step(log)`` until ``plan.replay_to_step``, reporting
@@ -141,7 +142,9 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
     if ctx.rank in plan.restore_ranks:
         window = restore_window(ctx, trainer, plan, sparse)
         if window is None:
-            trainer = restore(plan.restore_step)
+            trainer = restore(plan.restore_step)  # arms ``verifier`` itself
+        elif verifier is not None:  # whole again from the window's last slot on
+            verifier.arm(window, how="localized replay of a window", not_before=window + sparse.window - 1)
         if log is None:
             raise RecoveryError("a LocalizedReplay plan reached a rank without upstream logging "
                                 "(LIFELINE_UPSTREAM_LOG_STEPS=0)", job=ctx.job, rank=ctx.rank)
@@ -154,6 +157,9 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
             result = trainer.replay_step(log)
             if window is not None:
                 sparse.apply(result.step, window, trainer)
+            perturb_point(ctx.generation, ctx.rank, result.step, trainer.state)  # a test's fault, when set
+            if verifier is not None and verifier.due(result.step):  # equal to the copy saved before the failure
+                verifier.check(result.step, trainer.state())
             log.step_done(result.step)
             ctx.report("replay", step=result.step, loss=result.loss,
                        seconds=round(time.perf_counter() - t0, 6))
@@ -173,17 +179,35 @@ def localized_recovery(ctx: Any, trainer: Any, plan: RecoveryPlan, restore: Any,
 
 
 def restore_window(ctx: Any, trainer: Any, plan: RecoveryPlan, sparse: Any) -> int | None:
-    """Load slot 0 of the window starting at the plan's step when there is one; returns its start,
-    or ``None`` (no sparse checkpoints, not a window start, or the slot is gone: restore densely)."""
-    step = plan.restore_step
-    if sparse is None or not step or step % sparse.window:
+    """Load slot 0 of the sparse window the plan names (``plan.restore_window``), returning its start;
+    ``None`` when the plan names a dense copy (the caller restores that one).
+
+    The plan's choice is followed exactly: a step that merely starts a window is never restored from
+    the window when the plan chose the dense copy of that step (its later slots were not captured
+    yet, or belong to an older incarnation of the window), and a window the plan chose is never
+    replaced by another copy.
+
+    Raises:
+        RecoveryError: the plan names a window but this rank keeps no sparse checkpoints, its W
+            differs, or slot 0 is not available or fails its checksum (the next recovery plans
+            without this copy).
+    """
+    step, w = plan.restore_step, plan.restore_window
+    if w is None or step is None:
         return None
+    if sparse is None or sparse.window != w:
+        raise RecoveryError(f"the plan of generation {plan.generation} restores the sparse window of {w} steps "
+                            f"starting at step {step}, but this rank keeps "
+                            + ("no sparse checkpoints" if sparse is None else f"windows of {sparse.window} steps"),
+                            job=ctx.job, rank=ctx.rank, step=step)
     start = time.perf_counter()
     try:
         sparse.restore(step, trainer)
-    except LifelineError as err:  # gone or corrupt: the dense copy of that step, if any, is restored
+    except LifelineError as err:
         ctx.report("window_unavailable", record=False, step=step, error=f"{type(err).__name__}: {err}"[:300])
-        return None
+        raise RecoveryError(f"the sparse window starting at step {step} that the plan of generation "
+                            f"{plan.generation} names is not available: {err}", job=ctx.job, rank=ctx.rank,
+                            step=step) from err
     ctx.report("restore", step=step, source="window", window=sparse.window,
                seconds=round(time.perf_counter() - start, 6))
     return step

@@ -21,6 +21,7 @@ from lifeline.runtime._durable import FinalCheckpoint
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
+from lifeline.runtime._verify import RecoveryVerifier, perturb_point
 
 __all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
 
@@ -92,10 +93,15 @@ def is_collective_error(err: BaseException) -> bool:
 
 
 def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
-             step: int | None) -> Trainable:
+             step: int | None, verifier: RecoveryVerifier | None = None) -> Trainable:
+    """Restore ``step`` (``None``: the initial state) and arm ``verifier`` with the records of the
+    steps after it (their recomputation is checked; the copy read was verified as it was read)."""
+    if verifier is not None:
+        verifier.arm(step or 0, how="restart from the initial state" if step is None else "restore")
     if step is None:  # nothing to restore: start over from the initial state
         trainer = spec.build(ctx.layout, ctx.rank)
-        trainer.connect(ctx.collective_timeout)
+        with ctx.watching():  # the new trainer's sub-groups: broken too when a newer plan comes
+            trainer.connect(ctx.collective_timeout)
         ctx.report("restore", step=0, source="init")
         return trainer
     start = time.perf_counter()
@@ -134,30 +140,34 @@ def _attach(trainer: Trainable, log: UpstreamLog | None) -> Trainable:
 
 
 def _apply(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpointer: Checkpointer,
-           plan: RecoveryPlan, log: UpstreamLog | None, sparse: SparseWindows | None = None
-           ) -> tuple[Trainable, int | None]:
+           plan: RecoveryPlan, log: UpstreamLog | None, sparse: SparseWindows | None = None,
+           verifier: RecoveryVerifier | None = None) -> tuple[Trainable, int | None]:
     """Restore what ``plan`` says on the joined generation: its step (every rank), or under
     ``LocalizedReplay`` only the failed stage's ranks, which then replay (:func:`localized_recovery`).
     Returns the trainer and the step restored (``None``: this rank kept its state)."""
     if plan.action is RecoveryAction.LOCALIZED_REPLAY:
         def restore(step: int | None) -> Trainable:
-            return _attach(_restore(ctx, spec, trainer, checkpointer, step), log)
+            return _attach(_restore(ctx, spec, trainer, checkpointer, step, verifier), log)
         kept = ctx.rank not in plan.restore_ranks
-        trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse)
+        trainer = localized_recovery(ctx, trainer, plan, restore, log, sparse, verifier)
         return trainer, None if kept else plan.restore_step or 0
-    if sparse is not None and restore_window(ctx, trainer, plan, sparse) is not None:
+    if restore_window(ctx, trainer, plan, sparse) is not None:  # the plan names a window, not a dense copy
         sparse.converting = plan.restore_step  # the loop applies the window's later slots
+        if verifier is not None:  # whole again from the window's last slot on
+            verifier.arm(plan.restore_step, how="window restore", not_before=plan.restore_step + sparse.window - 1)
     else:
-        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step), log)
+        trainer = _attach(_restore(ctx, spec, trainer, checkpointer, plan.restore_step, verifier), log)
     if log is not None:
         log.restart_at(trainer.step)
     return trainer, plan.restore_step or 0
 
 
 def _connect(ctx: RuntimeContext, trainer: Trainable) -> None:
-    """``trainer.connect`` on the joined generation, then one ``join`` line with where the join went."""
+    """``trainer.connect`` on the joined generation, then one ``join`` line with where the join went.
+    The watchdog covers the sub-groups' connections as well (:meth:`RuntimeContext.watching`)."""
     start = time.perf_counter()
-    trainer.connect(ctx.collective_timeout)
+    with ctx.watching():
+        trainer.connect(ctx.collective_timeout)
     ctx.report("join", record=False, connect=round(time.perf_counter() - start, 4), **ctx.join_seconds)
 
 
@@ -188,7 +198,8 @@ def _relayout(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoi
 
 
 def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
-             checkpointer: Checkpointer, log: UpstreamLog | None, sparse: SparseWindows | None = None
+             checkpointer: Checkpointer, log: UpstreamLog | None, sparse: SparseWindows | None = None,
+             verifier: RecoveryVerifier | None = None
              ) -> tuple[Trainable, int | None, UpstreamLog | None, SparseWindows | None]:
     """Tear down, wait for a newer plan, rejoin its generation and restore its step; retried while
     peers keep failing. Returns the trainer, the restored step (0: initial state; ``None``: a
@@ -221,7 +232,7 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
                 plan = newer or plan  # joined a newer one: restore what it says
             ctx.restarts += 1
             _connect(ctx, trainer)
-            trainer, step = _apply(ctx, spec, trainer, checkpointer, plan, log, sparse)
+            trainer, step = _apply(ctx, spec, trainer, checkpointer, plan, log, sparse, verifier)
             return trainer, step, log, sparse
         except Exception as err:  # noqa: BLE001
             if not is_collective_error(err):
@@ -254,16 +265,17 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     built = time.perf_counter() - built
     log = _upstream_log(ctx, checkpointer)
     sparse = _sparse_windows(ctx, checkpointer, log)
+    verifier = RecoveryVerifier(ctx, getattr(checkpointer, "rules", None))
     _attach(trainer, log)
     _connect(ctx, trainer)
     restored: list[int] = []
     plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
     if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
-        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse)
+        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse, verifier)
         if step is not None and plan.restore_step is not None:
             restored.append(step)
     elif plan is None and (start_step := checkpointer.latest_step()) is not None:
-        trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step), log)
+        trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step, verifier), log)
         restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
                layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
@@ -306,6 +318,9 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             if log is not None:
                 log.step_done(result.step)
                 logged.update(log.take_counts())
+            perturb_point(ctx.generation, ctx.rank, result.step, trainer.state)  # a test's fault, when set
+            if verifier.due(result.step):  # a recomputed step equals its copy from before the failure
+                verifier.check(result.step, trainer.state())
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
                        seconds=round(result.seconds, 6), **logged,
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
@@ -317,6 +332,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 extra = {k: getattr(receipt, k) for k in ("stall_seconds", "waited_seconds", "skipped")
                          if hasattr(receipt, k)}
                 ctx.report("save", step=result.step, seconds=round(time.perf_counter() - t0, 6), **extra)
+            from lifeline.runtime._hold import hold_at  # a fault `lifeline run` injects at this step lands here
+            hold_at(ctx, result.step, settle if overlap else None)
         except Exception as err:  # noqa: BLE001 - classified below
             if not is_collective_error(err) or ctx.catalog is None:
                 raise
@@ -333,7 +350,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             except (LifelineError, OSError) as err:
                 ctx.report("save_failed", record=False, step=trainer.step, error=f"{type(err).__name__}: {err}"[:300])
         try:
-            trainer, step, log, sparse = _recover(ctx, model_spec, trainer, checkpointer, log, sparse)
+            trainer, step, log, sparse = _recover(ctx, model_spec, trainer, checkpointer, log, sparse, verifier)
         except Retired as retired:
             ctx.report("retired", step=trainer.step, plan_generation=retired.args[0], world_size=ctx.world_size)
             return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss, retired=True)

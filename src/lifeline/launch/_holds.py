@@ -1,0 +1,67 @@
+"""The launcher's side of deterministic injection: where a rank's trainer holds, and its release.
+
+The trainer's side is :mod:`lifeline.runtime._hold` (the launcher may not import the runtime: the
+parts table of DESIGN.md); both follow this protocol, and tests/launch/test_chaos_units.py checks
+that they agree. For rank ``r`` the launcher sets :data:`HOLD_ENV` to the steps of the faults that hit
+``r`` (:func:`lifeline.launch.inject.hold_steps`) and :data:`HOLD_DIR_ENV` to :func:`hold_dir`; the
+trainer creates ``hold-<step>`` there after the step's report and save, and waits for
+``release-<step>``, which :func:`release` writes once the fault fired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from lifeline.launch.inject import Injection, hold_steps
+
+__all__ = ["HOLD_ENV", "HOLD_DIR_ENV", "hold_dir", "hold_env", "hold_path", "release_path", "release"]
+
+HOLD_ENV = "LIFELINE_FAULT_HOLD"
+"""Comma-separated steps at which the rank's trainer holds (``"7,15"``)."""
+HOLD_DIR_ENV = "LIFELINE_FAULT_HOLD_DIR"
+"""The directory of the rank's ``hold-<step>`` and ``release-<step>`` files."""
+
+
+def hold_dir(state_dir: Path, rank: int) -> Path:
+    """``STATE/holds/rank-R``: in the run's state dir, so that it outlives the rank's pods (a
+    replacement does not hold again at a step whose fault fired)."""
+    return state_dir / "holds" / f"rank-{rank}"
+
+
+def hold_env(injections: Iterable[Injection], rank: int, state_dir: Path) -> dict[str, str]:
+    """The variables that make ``rank``'s trainer hold at its faults' steps (none without such faults)."""
+    steps = hold_steps(injections, rank)
+    if not steps:
+        return {}
+    return {HOLD_ENV: ",".join(str(s) for s in steps), HOLD_DIR_ENV: str(hold_dir(state_dir, rank))}
+
+
+def hold_path(directory: Path, step: int) -> Path:
+    """The marker a trainer creates when it holds at ``step``."""
+    return directory / f"hold-{step}"
+
+
+def release_path(directory: Path, step: int) -> Path:
+    """The file that releases the hold at ``step`` (it stays for the run: the step holds once)."""
+    return directory / f"release-{step}"
+
+
+def release(directory: Path, step: int) -> None:
+    """Release the hold at ``step``: write ``release-<step>`` whole, remove ``hold-<step>``. Idempotent.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = release_path(directory, step)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"time": round(time.time(), 4)}))
+    os.replace(tmp, path)
+    try:
+        hold_path(directory, step).unlink()
+    except FileNotFoundError:
+        pass
