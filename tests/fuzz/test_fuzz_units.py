@@ -49,6 +49,8 @@ def test_every_drawn_job_is_valid_and_within_the_world_and_fault_limits():
             assert 1 <= inj.step < t.steps and 0 <= inj.rank < t.world
             if inj.kind == "flip" and inj.tier == "L2":
                 assert inj.step > t.spec["checkpoint"]["persist"]["every"]
+            elif inj.kind == "flip":  # a copy to flip exists
+                assert inj.step > t.spec["checkpoint"]["every"]
         load_for_launch(t.reference_doc())
 
 

@@ -18,8 +18,8 @@ The configuration has two parts:
 
 The fault schedule: one to :data:`MAX_FAULTS` faults of every kind ``lifeline run`` injects
 (:data:`lifeline.bench._chaos_schedule.FAULTS`), each at a random step, at a checkpoint or window
-boundary, or at the last step, and possibly one more process fault armed ``when=recovery`` (it fires
-while the first recovery is under way).
+boundary, or at the last step (a flip only after its tier holds a checkpoint), and possibly one more
+process fault armed ``when=recovery`` (it fires while the first recovery is under way).
 """
 
 from __future__ import annotations
@@ -203,6 +203,8 @@ def _faults(rng: random.Random, *, world: int, steps: int, every: int, persist: 
         name, _, tier = kind.partition(":")
         if name == "flip" and tier == "L2" and step <= persist:  # a checkpoint must be in L2 to flip
             step = min(steps - 1, persist + 1 + rng.randrange(max(1, steps - persist - 2)))
+        elif name == "flip" and step <= every:  # and one in memory (no draw: the other trials stay as they were)
+            step = every + 1
         if name == "minio":
             inj = Injection("minio", 0, step, seconds=float(rng.randint(2, 5)))
         elif name in SERVICE_KINDS:
