@@ -4,10 +4,10 @@ verdict and the time-lost attribution (issue 15)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
+from lifeline._poll import wait_for
 from lifeline.bench._chaos_audit import corruption_outcomes
 from lifeline.bench._chaos_schedule import FAULTS, fault_name, schedule
 from lifeline.bench._chaos_trial import time_lost, verdict
@@ -96,8 +96,7 @@ def test_a_trainer_holds_until_the_launcher_releases_it_once_per_step(tmp_path):
     assert events == [] and not list(tmp_path.iterdir())
 
     def launcher():  # what the supervisor does: see the marker, fire, release
-        while not _holds.hold_path(tmp_path, 4).exists():
-            time.sleep(0.01)
+        wait_for(_holds.hold_path(tmp_path, 4).exists, timeout=30, what="the trainer's hold-4 marker")
         _holds.release(tmp_path, 4)
 
     settled = []

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-from lifeline.launch.inject import Injection, hold_steps
+from lifeline.launch.inject import Injection, due, hold_steps
 
-__all__ = ["HOLD_ENV", "HOLD_DIR_ENV", "hold_dir", "hold_env", "hold_path", "release_path", "release"]
+__all__ = ["HOLD_ENV", "HOLD_DIR_ENV", "hold_dir", "hold_env", "hold_path", "release_path", "release", "fire_due"]
 
 HOLD_ENV = "LIFELINE_FAULT_HOLD"
 """Comma-separated steps at which the rank's trainer holds (``"7,15"``)."""
@@ -65,3 +66,31 @@ def release(directory: Path, step: int) -> None:
         hold_path(directory, step).unlink()
     except FileNotFoundError:
         pass
+
+
+def fire_due(faults: Any, pending: list[Injection], reached: dict[int, int], *, recovering: bool,
+             hold_dir: Callable[[int], Path] | None, event: Callable[[str], None]) -> list[Any]:
+    """One supervision round of injection: fire (``faults.fire``) the injections of ``pending`` that are
+    due — those whose trainer holds at their step (its ``hold-<step>`` file exists under
+    ``hold_dir(rank)``), and the fallback and ``when=recovery`` ones on the ``reached`` steps
+    (:func:`lifeline.launch.inject.due`) — then release the holds of the whole group, so a trainer a
+    fault left alive goes on and a re-run of the step after a recovery does not hold again. Each firing
+    is told to ``event``. Returns the :class:`~lifeline.launch.faults.FiredFault` records, in order.
+    ``pending`` loses the fired injections (in place)."""
+    held = set() if hold_dir is None else {
+        (inj.rank, inj.step) for inj in pending if inj.holds and hold_path(hold_dir(inj.rank), inj.step).exists()}
+    fired_now = due(pending, reached, recovering=recovering, held=held)
+    out = []
+    for inj in fired_now:
+        holding = (inj.rank, inj.step) in held
+        fired = faults.fire(inj, step=inj.step if holding else None)
+        event(f"injecting {inj} (at step {fired.step}{', held' if holding else ''})"
+              + (f": {fired.note}" if fired.note else ""))
+        out.append(fired)
+    for inj in fired_now:
+        if inj.holds and hold_dir is not None:
+            try:
+                release(hold_dir(inj.rank), inj.step)
+            except OSError as err:
+                event(f"could not release the hold of {inj}: {err}")
+    return out

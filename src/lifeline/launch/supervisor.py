@@ -28,7 +28,7 @@ from lifeline.control import Decision, NodeState, Progress, Record, Settle, deci
 from lifeline.errors import CatalogError, RecoveryError
 from lifeline.launch._elastic import NodeReturns, Retiring
 from lifeline.launch._fleet import Fleet
-from lifeline.launch._holds import hold_path, release
+from lifeline.launch._holds import fire_due
 from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
 from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot, Tally, stuck_ranks
@@ -37,7 +37,7 @@ from lifeline.launch._wait import ExitWaiter
 from lifeline.launch._watch import ServiceWatch
 from lifeline.launch.env import Secrets
 from lifeline.launch.faults import Faults
-from lifeline.launch.inject import Injection, due
+from lifeline.launch.inject import Injection
 from lifeline.launch.services import Services, start_services
 
 __all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Supervisor", "CATALOG_OUTAGE_SECONDS", "STRAGGLER_SECONDS", "RECENT_STEPS"]
@@ -302,34 +302,16 @@ class Supervisor:
         self._waiter.wait(self.fleet.processes() if self.fleet is not None else [], seconds)
 
     def _inject(self) -> None:
-        """Fire the injections due (:func:`lifeline.launch.inject.due`): those whose trainer holds at
-        their step (its ``hold-<step>`` file exists), then release those holds; the fallback and
-        ``when=recovery`` ones on the reported steps."""
+        """Fire the injections due (:func:`lifeline.launch._holds.fire_due`: held ones first, then the
+        fallback and ``when=recovery`` ones on the reported steps) and release their holds."""
         assert self.faults is not None
         recs = self.snapshot.recoveries
         recovering = bool(recs) and recs[-1].resumed_at is None
-        held = self._held()
-        fired_now = due(self.pending, self.tally.seen_step, recovering=recovering, held=held)
-        for inj in fired_now:
-            holding = (inj.rank, inj.step) in held
-            fired = self.faults.fire(inj, step=inj.step if holding else None)
+        hold_dir = self.fleet.hold_dir if self.fleet is not None else None
+        for fired in fire_due(self.faults, self.pending, self.tally.seen_step, recovering=recovering,
+                              hold_dir=hold_dir, event=self._event):
             if fired.recovers:  # time lost counts from here (service faults call for no recovery)
                 self._injected_at = self._injected_at or fired.at
-            self._event(f"injecting {inj} (at step {fired.step}{', held' if holding else ''})"
-                        + (f": {fired.note}" if fired.note else ""))
-        for inj in fired_now:  # after the whole group fired: a trainer the fault left alive goes on, and a
-            if inj.holds and self.fleet is not None:  # re-run of the step after a recovery does not hold
-                try:
-                    release(self.fleet.hold_dir(inj.rank), inj.step)
-                except OSError as err:
-                    self._event(f"could not release the hold of {inj}: {err}")
-
-    def _held(self) -> set[tuple[int, int]]:
-        """``(rank, step)`` of the pending injections whose trainer holds at their step now."""
-        if self.fleet is None:
-            return set()
-        return {(inj.rank, inj.step) for inj in self.pending
-                if inj.holds and hold_path(self.fleet.hold_dir(inj.rank), inj.step).exists()}
 
     def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None) -> None:
         assert self.catalog is not None

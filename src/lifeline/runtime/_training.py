@@ -18,6 +18,7 @@ from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._durable import FinalCheckpoint
+from lifeline.runtime._hold import hold_at
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
@@ -332,8 +333,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 extra = {k: getattr(receipt, k) for k in ("stall_seconds", "waited_seconds", "skipped")
                          if hasattr(receipt, k)}
                 ctx.report("save", step=result.step, seconds=round(time.perf_counter() - t0, 6), **extra)
-            from lifeline.runtime._hold import hold_at  # a fault `lifeline run` injects at this step lands here
-            hold_at(ctx, result.step, settle if overlap else None)
+            hold_at(ctx, result.step, settle if overlap else None)  # a fault `lifeline run` injects at this step lands here
         except Exception as err:  # noqa: BLE001 - classified below
             if not is_collective_error(err) or ctx.catalog is None:
                 raise
