@@ -1,6 +1,7 @@
 """The engine's hang rule (issue 15, honest accounting): no step progress for ``hangTimeoutSeconds`` is a
 HANG; while recovering, trainers the plan restarted that have not reported yet get the startup grace,
-and past it a rank that runs and still says nothing is frozen: its pod is replaced."""
+and past it a rank that runs and still says nothing is frozen: restarted in its pod while its sidecar
+heartbeats and the runner can (``lifeline run``), its pod replaced otherwise (the operator)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from lifeline.api import FailureKind, load_trainingjob
+import dataclasses
+
+from lifeline.api import FailureKind, RecoveryAction, load_trainingjob
 from lifeline.catalog import ProgressReport
 from lifeline.control import CatalogFacts, ClusterState, NodeState, Observed, Progress, Record, SidecarState, decide
 
@@ -56,6 +59,23 @@ def test_recovering_trainers_still_starting_get_the_startup_grace():
     everyone = _observed({r: T + 1 for r in range(4)}, 1)  # every rank spoke since the plan: the timeout holds
     assert not _hang(decide(spec, record, everyone, now=T + 8.9))
     assert _hang(decide(spec, record, everyone, now=T + 9.1))
+
+
+def test_a_frozen_trainer_whose_sidecar_heartbeats_is_restarted_in_its_pod_where_the_runner_can():
+    """Fuzz regression seeds 143203680, 3 and 12: replacing the pod threw away its sidecar's L0 copies
+    and the job rolled back to L2 or the initial state although memory held every shard."""
+    spec = _spec()
+    record = Record(phase="Recovering", generation=1, acted_at=T)
+    starting = dataclasses.replace(_observed({0: T + 1, 1: T + 1, 2: T + 1, 3: T - 30}, 1), restarts_trainers=True)
+    d = decide(spec, record, starting, now=T + 61)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.HANG, (3,))]
+    assert "restarted in its pod" in d.failures[0].detail
+    assert d.plan is not None and not d.plan.create_pods and d.plan.restart_ranks == (0, 1, 2, 3)
+    assert d.plan.action is not RecoveryAction.REPLACE_PODS  # (no holdings here: from the initial state)
+    # its sidecar stopped heartbeating too: nothing in that pod holds anything, the pod is replaced
+    facts = dataclasses.replace(starting.catalog, registered={r: NODES[r] for r in range(3)})
+    gone = decide(spec, record, dataclasses.replace(starting, catalog=facts), now=T + 61)
+    assert FailureKind.HANG not in {f.kind for f in gone.failures}
 
 
 def test_silent_since_names_ranks_without_a_report_since():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lifeline.bench._chaos_schedule import FAULTS
+from lifeline.bench.chaos import STARTUP_GRACE_SECONDS
 from lifeline.bench._fuzz_check import (
     extra_recoveries,
     loss_problems,
@@ -204,6 +205,8 @@ def test_a_copy_logged_as_its_holder_died_does_not_count(tmp_path):
 def test_time_bounds_grow_with_the_world_and_flag_a_slow_recovery():
     assert time_bound("trainer", 4) > time_bound("trainer", 2)
     assert time_bound("hang+recovery", 2) > time_bound("hang", 2)
+    # a hang during a recovery may hit a trainer before it reported: found after the start-up grace
+    assert time_bound("hang+recovery", 4) >= STARTUP_GRACE_SECONDS + 30 > time_bound("trainer+recovery", 4)
     assert time_bound("minio", 2, "minio:step=3:seconds=5") == time_bound("minio", 2) + 5
     s = {"faults": [_fault("trainer", 1, T0)], "recoveries": [_rec("RestartInPlace", T0 + 1, 8, [1],
                                                                      caught=T0 + 500)]}

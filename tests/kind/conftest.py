@@ -1,11 +1,11 @@
-"""The kind test bed for the e2e suite: one kind cluster per session (docs/kind.md).
+"""The kind test bed for the e2e suite: one kind cluster per test module (docs/kind.md).
 
-- ``kind_cluster`` (session): a :class:`lifeline.kindbed.KindCluster` of kind-config.yaml's
+- ``kind_cluster`` (module): a :class:`lifeline.kindbed.KindCluster` of kind-config.yaml's
   shape (1 control plane, 3 workers) named ``lifeline-e2e``, every image built on this
   machine. The Lifeline image is rebuilt from the checkout under test first (Docker's layer
   cache keeps it to the package layer); the node and service images are reused when cached.
-  The cluster is deleted at the end of the session.
-- ``kind_release`` (session): the chart installed as release ``ll`` in namespace ``lifeline``
+  The cluster is deleted after the module (left running it would load the rest of the suite).
+- ``kind_release`` (module): the chart installed as release ``ll`` in namespace ``lifeline``
   with its in-cluster Redis and MinIO (bucket ``lifeline`` created through the MinIO Service),
   watching that namespace; ``(cluster, namespace)``.
 """

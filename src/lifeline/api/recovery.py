@@ -201,6 +201,13 @@ class RecoveryPlan:
         return max((s.tier for s in self.sources), key=TIERS.index, default=None)
 
     @property
+    def reads_memory_while_training(self) -> bool:
+        """A plan answering no failure (an elastic grow) that reads some shard from sidecar memory: the
+        trainers go on saving until they read it, so its step must be spared from eviction
+        (:meth:`lifeline.catalog.Catalog.spare`) before it is published."""
+        return not self.failures and self.restore_step is not None and any(s.tier != "L2" for s in self.sources)
+
+    @property
     def failed_ranks(self) -> tuple[int, ...]:
         """Every rank named by :attr:`failures`, ascending."""
         return tuple(sorted({r for f in self.failures for r in f.ranks}))

@@ -22,6 +22,7 @@ from typing import Any
 
 from lifeline.bench._chaos_trial import time_lost
 from lifeline.bench._fuzz_copies import Copies
+from lifeline.bench.chaos import STARTUP_GRACE_SECONDS
 
 __all__ = ["TIME_BOUNDS", "PER_RANK_SECONDS", "losses", "loss_problems", "rung_problems", "extra_recoveries",
            "time_bound", "time_problems", "GLOBAL_RUNGS", "replans_after_corruption"]
@@ -191,6 +192,9 @@ def time_bound(name: str, world: int, fault: str = "") -> float:
     bound = TIME_BOUNDS.get(base, 120.0) + PER_RANK_SECONDS * max(0, world - 2)
     if plus:
         bound += DURING_RECOVERY_SECONDS
+    if base == "hang" and plus:  # a trainer frozen before it reported in the recovery's generation is told
+        # from one still starting only after startupGraceSeconds (docs/fuzz.md "A hang during a recovery")
+        bound = max(bound, STARTUP_GRACE_SECONDS + DURING_RECOVERY_SECONDS + PER_RANK_SECONDS * max(0, world - 2))
     if base == "minio" and "seconds=" in fault:
         bound += float(fault.split("seconds=")[1].split(":")[0])
     return bound

@@ -80,6 +80,8 @@ class Catalog:
         )
         self._advance = self._r.register_script(_scripts.ADVANCE)
         self._persisted = self._r.register_script(_scripts.PERSISTED)
+        self._spare = self._r.register_script(_scripts.SPARE)
+        self._release = self._r.register_script(_scripts.RELEASE)
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -134,6 +136,39 @@ class Catalog:
     def remove_holding(self, step: int, rank: int, tier: Tier, holder: int | None = None) -> None:
         """Forget a copy of (step, rank) (evicted or found corrupt)."""
         self._call(self._r.srem, self.keys.holders(step, rank), holder_member(tier, holder))
+
+    def release_holding(self, step: int, rank: int, tier: Tier, holder: int) -> bool:
+        """Forget ``holder``'s memory copy of (step, rank) before its sidecar evicts it, unless the step is
+        spared (:meth:`spare`): ``True`` when forgotten (evict it), ``False`` when spared (keep it)."""
+        keys = [self.keys.spared, self.keys.holders(step, rank)]
+        return bool(self._call(self._release, keys=keys, args=[step, holder_member(tier, holder)]))
+
+    def spare(self, plan: RecoveryPlan, ttl_seconds: float) -> bool:
+        """Keep ``plan.restore_step`` in every sidecar's memory for ``ttl_seconds`` (or until
+        :meth:`unspare`), atomically with the check that each memory copy the plan names
+        (``plan.sources`` at L0/L1) is still recorded. ``False`` (nothing set) when one was evicted since
+        the plan was made: plan again from the current holdings. Used before publishing a plan the
+        trainers read while they go on saving (an elastic grow), so its step outlives the ``keep`` newest.
+
+        Raises:
+            CatalogError: the plan has no restore step, or Redis unreachable.
+        """
+        if plan.restore_step is None:
+            raise CatalogError("a plan without a restore step has nothing to spare", job=self.job)
+        args: list[object] = [plan.restore_step, max(1, int(ttl_seconds * 1000))]
+        for src in plan.sources:
+            if src.tier != "L2":
+                args += [self.keys.holders(plan.restore_step, src.rank), holder_member(src.tier, src.holder)]
+        return bool(self._call(self._spare, keys=[self.keys.spared], args=args))
+
+    def unspare(self) -> None:
+        """Let the sidecars evict the spared step again (its plan's restore is done)."""
+        self._call(self._r.delete, self.keys.spared)
+
+    def spared_step(self) -> int | None:
+        """The step spared in memory (:meth:`spare`), or ``None``."""
+        raw = self._call(self._r.get, self.keys.spared)
+        return int(raw) if raw is not None else None
 
     def drop_stale(self, holder: int, held: Iterable[tuple[int, int, Tier]], *, recent_steps: int = 64) -> int:
         """Forget the memory holdings (``L0``/``L1``) recorded for ``holder``'s sidecar at the

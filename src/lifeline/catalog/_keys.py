@@ -19,6 +19,8 @@ All keys are namespaced ``lifeline:<job>:``:
 ``logs``                       hash stage -> upstream-log coverage ``{"first": s, "last": s}``
 ``windows``                    hash rank -> its sparse windows committed to L2 ``{"starts": [...], "window": W}``
 ``owner``                      UID of the TrainingJob owning these keys
+``spared``                     a step no sidecar evicts from memory (set, with a TTL, atomically with the
+                               check that a plan's memory copies are still recorded; docs/elastic.md)
 =============================  =====================================================================
 """
 
@@ -81,6 +83,7 @@ class Keys:
     logs = property(lambda self: f"{self.prefix}logs")
     windows = property(lambda self: f"{self.prefix}windows")
     owner = property(lambda self: f"{self.prefix}owner")
+    spared = property(lambda self: f"{self.prefix}spared")
 
 
 def holder_member(tier: Tier, holder: int | None) -> str:

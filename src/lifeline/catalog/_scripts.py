@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ADVANCE", "PERSISTED"]
+__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE"]
 
 ADVANCE = """
 -- KEYS[1] = complete key; ARGV = step, world_size, tier, holders prefix. Returns the latest complete step.
@@ -38,3 +38,24 @@ return 0
 """
 """Record a rank's blob as persisted; exactly one rank learns it completes the set and commits (again on
 its retries)."""
+
+SPARE = """
+-- KEYS[1] = spared; ARGV = step, ttl (ms), then (holders key, member) pairs. 1 when every member is still
+-- recorded (then the step is spared for ttl ms), else 0 (nothing changed).
+for i = 3, #ARGV, 2 do
+  if redis.call('SISMEMBER', ARGV[i], ARGV[i + 1]) == 0 then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+"""Spare a step in sidecar memory when every copy a plan reads is still recorded (one atomic check-and-set)."""
+
+RELEASE = """
+-- KEYS[1] = spared, KEYS[2] = holders:<step>:<rank>; ARGV = step, member. 1: forgotten (the sidecar may
+-- evict it); 0: the step is spared (the sidecar keeps it).
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+"""
+"""Forget a memory copy before it is evicted, unless its step is spared. Ordered against :data:`SPARE` by
+Redis: a copy forgotten first makes the spare fail (the planner sees it gone); a spare set first keeps it."""

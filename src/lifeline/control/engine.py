@@ -22,7 +22,8 @@ Rules, in order:
      recovery, whichever is later) is a hang; while recovering, ranks that have said nothing since
      the plan (trainers it restarted, still starting) get ``startupGraceSeconds`` from the plan first,
      as a starting sidecar does (a liveness probe's initial delay); past it, a rank whose pod is
-     Ready but which still said nothing is frozen (``TrainerSilent``: its pod is replaced).
+     Ready but which still said nothing is frozen (``TrainerSilent``: restarted in its pod while its
+     sidecar heartbeats and the runner can, else its pod is replaced).
 
    :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
@@ -185,6 +186,8 @@ class Observed:
         ready: ranks whose pod (or processes) are ready.
         finished: every trainer exited 0.
         catalog: the catalog's facts (``None``: the catalog could not be read this round).
+        restarts_trainers: the runner can restart a frozen trainer in its pod, keeping the sidecar
+            (``lifeline run`` kills the process); the operator cannot yet (it replaces the pod).
     """
 
     node_of_rank: tuple[str | None, ...]
@@ -194,6 +197,7 @@ class Observed:
     ready: frozenset[int] = frozenset()
     finished: bool = False
     catalog: CatalogFacts | None = None
+    restarts_trainers: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,7 +310,8 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
         if silent:  # restarted trainers are still starting: the start-up grace first
             since = max(since, record.acted_at + max(0.0, rec.startup_grace_seconds - rec.hang_timeout_seconds))
             if now - record.acted_at > rec.startup_grace_seconds:  # past it, a running one is frozen
-                signals += [TrainerSilent(r, observed.node_of_rank[r], now - record.acted_at)
+                signals += [TrainerSilent(r, observed.node_of_rank[r], now - record.acted_at,
+                                          in_place=observed.restarts_trainers and r in facts.registered)
                             for r in sorted(silent & observed.ready)]
         signals.append(StepStalled(progress.step, max(0.0, now - since)))
     if facts.generation == record.generation:
@@ -316,13 +321,22 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
     return signals
 
 
+def _state_step(record: Record, facts: CatalogFacts) -> int:
+    """The step the ranks' states are at (:meth:`Progress.state_step` with the current plan's restores)."""
+    plan = record.plan
+    if plan is None or plan.generation != record.generation:
+        return facts.progress.step
+    restored = {rank: plan.restore_step or 0 for rank in plan.restore_ranks}
+    return facts.progress.state_step(record.generation, restored)
+
+
 def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: LayoutSpec, now: float) -> JobState:
     cooling = {n: t for n, t in record.cool_downs.items() if t > now}
     return JobState(
         layout=layout,
         node_of_rank=tuple(n or "" for n in observed.node_of_rank),
         cluster=ClusterState(nodes=observed.cluster.nodes, cool_downs=tuple(sorted(cooling.items()))),
-        step=max(facts.progress.step, record.resumed_from),
+        step=max(_state_step(record, facts), record.resumed_from),
         generation=record.generation,
         restarts=record.restarts,
         holdings=facts.holdings,

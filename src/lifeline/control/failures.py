@@ -99,11 +99,15 @@ class CollectiveErrorReported:
 class TrainerSilent:
     """A rank whose trainer runs (its pod is Ready) said nothing for ``seconds`` since the current
     recovery was acted on, past the start-up grace: frozen (SIGSTOP, a dead device), it reads no plan
-    and blocks its peers' rendezvous; nothing but replacing its pod frees them on Kubernetes."""
+    and blocks its peers' rendezvous. ``in_place``: its sidecar still heartbeats and the runner can
+    restart the trainer in its pod (``lifeline run`` kills the process), so the sidecar's L0 copies
+    stay: a ``HANG`` of that rank; otherwise (Kubernetes: nothing but replacing the pod frees it) a
+    ``POD_LOST``."""
 
     rank: int
     node: str | None
     seconds: float
+    in_place: bool = False
 
 
 Signal = (ContainerTerminated | PodGone | NodeCondition | HeartbeatExpired | StepStalled | CollectiveErrorReported
@@ -161,6 +165,9 @@ def classify(
                              f"exit {sig.exit_code}" + (f" ({sig.reason})" if sig.reason else "")))
         elif isinstance(sig, PodGone):
             keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node, sig.reason))
+        elif isinstance(sig, TrainerSilent) and sig.in_place:
+            keep(Failure(FailureKind.HANG, (sig.rank,), sig.node, f"trainer silent {sig.seconds:.0f}s since the "
+                         "recovery began while its sidecar heartbeats: restarted in its pod"))
         elif isinstance(sig, TrainerSilent):
             keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node,
                          f"trainer silent {sig.seconds:.0f}s since the recovery began: its pod is replaced"))

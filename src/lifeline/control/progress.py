@@ -6,7 +6,7 @@ anything with the same attributes: :class:`Report`) to :meth:`Progress.of`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +90,20 @@ class Progress:
         by_rank = {rank: (gen, event) for rank, gen, event, _ in self.latest}
         return all(rank in by_rank and by_rank[rank][0] >= generation and by_rank[rank][1] in _TRAINING_EVENTS
                    for rank in range(world_size))
+
+    def state_step(self, generation: int, restored: Mapping[int, int]) -> int:
+        """The highest step any rank's state is at, given the current ``generation``'s plan restores
+        each rank of ``restored`` (rank -> its restore step, 0: the initial state): a rank whose latest
+        report is older than ``generation`` (it reported reading the plan, or its old pod's last step)
+        is at its restore step once it loads it — and when that load fails it never reports again,
+        while the step its report names is gone from every rank that restored. 0 when none reported.
+
+        The engine plans from it (a LocalizedReplay replays its survivors' step, fuzz regression seed
+        9: after a Rollback to step 4 failed for one rank, its stale step 6 made the next plan replay
+        to step 6 while the survivors were at 4)."""
+        by_rank = {rank: (gen, s) for rank, gen, _, s in self.latest}
+        return max((restored[rank] if gen < generation and rank in restored else s
+                    for rank, (gen, s) in by_rank.items()), default=0)
 
     def caught_up(self, generation: int, world_size: int, step: int) -> bool:
         """True when every rank trained past ``step`` in ``generation`` or later."""

@@ -91,6 +91,7 @@ def observed_of(pods: Mapping[int, PodView], nodes: Mapping[str, NodeState], vie
         ready=frozenset(ready),
         finished=finished,
         catalog=CatalogFacts.of(view),
+        restarts_trainers=True,  # the supervisor kills a frozen trainer the plan restarts (a HANG)
     )
 
 

@@ -236,7 +236,7 @@ class Supervisor:
             if d.plan is not None and d.plan.action is RecoveryAction.GIVE_UP:
                 self._event(f"giving up: {d.plan.reason}")
                 return "Failed"
-            if d.plan is not None:
+            if d.plan is not None and self._spared(d.plan):
                 noticed, self._failing_since = self._failing_since, None
                 self._apply(d.plan, view, now, noticed)
             self._last_holdings = view.holdings
@@ -312,6 +312,17 @@ class Supervisor:
                               hold_dir=hold_dir, event=self._event):
             if fired.recovers:  # time lost counts from here (service faults call for no recovery)
                 self._injected_at = self._injected_at or fired.at
+
+    def _spared(self, plan: RecoveryPlan) -> bool:
+        """Spare the step of a plan the trainers read while saving on (a grow) in the sidecars' memory;
+        ``False`` when a copy it names was evicted meanwhile (the next round plans again)."""
+        assert self.catalog is not None
+        if not plan.reads_memory_while_training:
+            return True
+        if self.catalog.spare(plan, ttl_seconds=self.job.spec.recovery.startup_grace_seconds):
+            return True
+        self._event(f"step {plan.restore_step} left sidecar memory before the grow was published: planning again")
+        return False
 
     def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None) -> None:
         assert self.catalog is not None
@@ -413,6 +424,8 @@ class Supervisor:
         progress = Progress.of(view.reports.values(), view.generation)
         if rec.resumed_at is None and view.generation >= self.generation and progress.trained_in(self.generation, world):
             rec.resumed_at = time.time()
+            assert self.catalog is not None
+            self.catalog.unspare()  # the restore read what the plan spared: the sidecars may evict it
             if self.retiring.pods:
                 self._event(f"stopped the pods of ranks {self.retiring.release()} (out of the layout)")
             self.record = replace(self.record, phase="Running", reason="Recovered")

@@ -287,6 +287,12 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
         d = decide(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
+        if d.plan is not None and d.plan.reads_memory_while_training and not catalog.spare(
+                d.plan, ttl_seconds=job.spec.recovery.startup_grace_seconds):
+            # a grow's step left the sidecars' memory since the catalog was read: plan it at the next resync
+            events.record(body, "GrowDeferred", f"step {d.plan.restore_step} left sidecar memory before the "
+                          "grow was published; planning again")
+            return
         recovery: RecoveryRecord | None = None
         if d.plan is not None:
             for f in d.failures:
@@ -316,6 +322,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
             recovery = _record_of(current, now)  # the status write after the commit was lost: redo it
         if d.resumed:
             recovery = _close_recovery(status, d.generation, now)
+            catalog.unspare()  # a grow's restore read what it spared: the sidecars may evict it
         if d.phase != status.phase:
             if d.resumed and d.phase == "Succeeded":  # resumed and finished between two resync ticks
                 events.record(body, "Recovered", f"training resumed in generation {d.generation} and finished")

@@ -183,7 +183,7 @@ class RuntimeContext:
         self._gen_store.add(name, 1)
 
     def await_count(self, name: str, count: int, poll: float = 0.02) -> None:
-        """Wait until ``count`` ranks :meth:`arrive`\ d at ``name`` in this generation, up to
+        """Wait until ``count`` ranks arrived (:meth:`arrive`) at ``name`` in this generation, up to
         ``LIFELINE_RECOVERY_TIMEOUT_SECONDS`` (a store wait, not a collective: a replay may take
         longer than one collective's timeout).
 

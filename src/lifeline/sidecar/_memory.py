@@ -22,18 +22,19 @@ class Memory:
         stopping: set when the sidecar stops (slot waits end).
         on_evict: called with each evicted holding after its slot or buffer was reclaimed (the
             sidecar forgets its catalog entry).
+        release: asked about each shard chosen for eviction (``Store``'s ``release``): ``False`` keeps it.
 
     Raises:
         ConfigError: the arena cannot be allocated.
     """
 
     def __init__(self, settings: SidecarSettings, stopping: threading.Event,
-                 on_evict: Callable[[Holding], None]) -> None:
+                 on_evict: Callable[[Holding], None], release: Callable[[Holding], bool] | None = None) -> None:
         self.rank = settings.rank
         self.keep = settings.keep
         self.arena = Arena(settings.arena_dir, settings.slots, settings.slot_bytes)
         self.free_slots: list[int] = list(range(settings.slots))
-        self.store = Store(settings.memory_bytes, self._evicted)
+        self.store = Store(settings.memory_bytes, self._evicted, release)
         self._stopping = stopping
         self._on_evict = on_evict
         self._spares: list[bytearray] = []  # at most one evicted replica buffer, reused by the next

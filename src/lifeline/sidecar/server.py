@@ -65,7 +65,7 @@ class Sidecar:
         self.secret = settings.secret.get_secret_value().encode()
         self.metrics = SidecarMetrics()
         self.stopping = threading.Event()
-        self.memory = Memory(settings, self.stopping, self._on_evict)
+        self.memory = Memory(settings, self.stopping, self._on_evict, self._release)
         self.catalog = Catalog(settings.redis_url, self.job, settings.world_size, username=settings.redis_username,
                                password=settings.redis_password.get_secret_value())
         self.link = CatalogLink(self.catalog, self.metrics, self.memory.store, rank=self.rank,
@@ -258,6 +258,14 @@ class Sidecar:
         if dead:
             return False, f"threads stopped: {', '.join(dead)}"
         return True, "ok (catalog resynchronising)" if self.link.dirty else "ok"
+
+    def _release(self, h: Holding) -> bool:
+        """Forget this sidecar's catalog entry of ``h`` before evicting it, unless a plan spared its step
+        (then keep it). With the catalog unreachable no plan can spare anything: evict (the entry is
+        dropped at the resynchronisation)."""
+        if self.link.dirty:
+            return True
+        return self.link.call(self.catalog.release_holding, h.step, h.rank, h.tier, self.rank) is not False
 
     def _on_evict(self, h: Holding) -> None:
         if h.kind == "shard":

@@ -4,7 +4,9 @@ A :class:`Holding` is one verified blob: its bytes (an arena slot for the sideca
 anonymous buffer for a peer's replica or an upstream log), its ``ShardMetadata`` JSON and pins
 (readers in progress: replication, persistence, a restore being served). The :class:`Store`
 enforces the memory bound: over it, the oldest holding that is not pinned and is not part of the
-job's latest complete checkpoint is evicted — never the latest complete one.
+job's latest complete checkpoint is evicted — never the latest complete one. A shard is evicted only
+once ``release`` agrees (the sidecar forgets its catalog entry there unless a plan spared its step,
+:meth:`lifeline.catalog.Catalog.spare`): the copies a published plan reads stay until it is read.
 """
 
 from __future__ import annotations
@@ -58,11 +60,15 @@ class Store:
         memory_bytes: bound on the sum of ``nbytes`` of all holdings.
         on_evict: called (outside the lock) with each evicted holding, e.g. to free its arena slot
             and remove its catalog entry.
+        release: asked (under the lock) about each shard chosen for eviction: ``False`` keeps it (its
+            step is spared); ``None``: every shard may go.
     """
 
-    def __init__(self, memory_bytes: int, on_evict: Callable[[Holding], None]) -> None:
+    def __init__(self, memory_bytes: int, on_evict: Callable[[Holding], None],
+                 release: Callable[[Holding], bool] | None = None) -> None:
         self.memory_bytes = memory_bytes
         self._on_evict = on_evict
+        self._release = release
         self._items: dict[tuple[str, str, int, int], Holding] = {}
         self.cond = threading.Condition()
         self.latest_complete: int = -1
@@ -109,6 +115,10 @@ class Store:
             return False
         return not (h.kind == "shard" and h.step == self.latest_complete)
 
+    def _releasable(self, h: Holding) -> bool:
+        """The last word on a victim that :meth:`_evictable` allowed (asked once per victim, as it goes)."""
+        return h.kind != "shard" or self._release is None or self._release(h)
+
     def add(self, h: Holding, *, keep: int | None = None) -> None:
         """Add (or replace) a holding, then evict per ``keep`` (per kind and rank) and the bound."""
         replaced = None
@@ -127,18 +137,16 @@ class Store:
         victims = []
         with self.cond:
             total = sum(x.nbytes for x in self._items.values())
-            for h in sorted(self._items.values(), key=lambda x: x.step):
+            cands = [h for h in sorted(self._items.values(), key=lambda x: x.step) if self._evictable(h, set())]
+            if total - sum(h.nbytes for h in cands) + nbytes > self.memory_bytes:
+                return False  # not even every evictable holding would make room: evict nothing
+            for h in cands:
                 if total + nbytes <= self.memory_bytes:
                     break
-                if self._evictable(h, set()):
-                    victims.append(h)
+                if self._releasable(h):  # released holdings go even if spared ones leave too little room
+                    victims.append(self._items.pop(h.key))
                     total -= h.nbytes
             ok = total + nbytes <= self.memory_bytes
-            if ok:
-                for v in victims:
-                    self._items.pop(v.key, None)
-            else:
-                victims = []
         for v in victims:
             self._evict_one(v)
         return ok
@@ -149,7 +157,7 @@ class Store:
         with self.cond:
             mine = sorted((h for h in self._items.values() if h.kind == kind and h.rank == rank), key=lambda x: x.step)
             for h in mine[:-keep] if keep > 0 else mine:
-                if self._evictable(h, set()):
+                if self._evictable(h, set()) and self._releasable(h):
                     victims.append(self._items.pop(h.key))
         for v in victims:
             self._evict_one(v)
@@ -162,7 +170,7 @@ class Store:
             for h in sorted(self._items.values(), key=lambda x: x.step):
                 if total <= self.memory_bytes:
                     break
-                if self._evictable(h, protect or set()):
+                if self._evictable(h, protect or set()) and self._releasable(h):
                     victims.append(self._items.pop(h.key))
                     total -= h.nbytes
         for v in victims:
@@ -183,9 +191,10 @@ class Store:
             cands = sorted(
                 (h for h in self._items.values() if h.slot is not None and self._evictable(h, set())), key=lambda x: x.step
             )
-            if not cands:
+            h = next((c for c in cands if self._releasable(c)), None)
+            if h is None:
                 return None
-            h = self._items.pop(cands[0].key)
+            self._items.pop(h.key)
         self._evict_one(h)
         return h
 
