@@ -15,6 +15,12 @@ class Regression(NamedTuple):
     max_world: int
     found: str
     """What the trial found when it was added (the bug, or the finding's first reason)."""
+    fixed: str = ""
+    """What fixed it, and the unit or e2e test that pins the fix (empty while open)."""
+    long: bool = False
+    """The trial waits out ``startupGraceSeconds`` by design (a hang during a recovery: ~150 s each):
+    run with every other seed when ``LIFELINE_FUZZ_TRIALS`` is set, left out of the default CI run,
+    whose budget (issue 23) has room for the others only; its fix is pinned by the unit test named."""
 
 
 REGRESSIONS: list[Regression] = [
@@ -22,16 +28,38 @@ REGRESSIONS: list[Regression] = [
                "and MinIO outage before): both restarted trainers are declared silent only after "
                "startupGraceSeconds (121 s) and their pods replaced, so the L0 copies go with the sidecars and the "
                "job rolls back to L2's step 6 (time lost 129.6 s > bound 115 s); the engine should restart a "
-               "silent trainer whose sidecar still heartbeats in place (found 2026-11-27, open)"),
+               "silent trainer whose sidecar still heartbeats in place (found 2026-11-27)",
+               fixed="a frozen trainer whose sidecar heartbeats is a HANG of its rank, restarted in its pod "
+               "(tests/control/test_control_hang.py::test_a_frozen_trainer_whose_sidecar_heartbeats_is_restarted_"
+               "in_its_pod_where_the_runner_can); the bound of a hang during a recovery includes the grace",
+               long=True),
     Regression(3, 4, "tensor 2 x expert 2, keep 1: a hang of rank 0 during the ReplacePods answering a sidecar "
                "kill is not found by the hang timeout; after startupGraceSeconds the engine blames the "
                "replacement ('trainer silent 121s since the recovery began'), replaces it again and rolls back "
-               "to the initial state: time lost 158.5 s > bound 125 s (found 2026-11-27)"),
+               "to the initial state: time lost 158.5 s > bound 125 s (found 2026-11-27)",
+               fixed="as 143203680", long=True),
     Regression(9, 4, "pipeline 3, sparse window 3, localized replay: an L2 flip's Rollback to step 4 fails for "
                "rank 0 (the flipped copy), the LocalizedReplay planned next for its stage replays to the old "
                "step 6 while the survivors had restored step 4 ('localized replay to step 6, but this surviving "
-               "rank is at step 4'): a third recovery without a new fault (found 2026-11-27)"),
+               "rank is at step 4'): a third recovery without a new fault (found 2026-11-27)",
+               fixed="the engine plans from the step the ranks' states are at (Progress.state_step; "
+               "tests/control/test_control_progress.py)"),
     Regression(12, 4, "pipeline 3: a hang during the Rollback answering an L2 flip is found after 121 s, the "
                 "replacements blamed ('trainer silent 121s since the recovery began'): time lost 141.8 s > "
-                "bound 120 s (found 2026-11-27)"),
+                "bound 120 s (found 2026-11-27)", fixed="as 143203680", long=True),
+    Regression(503, 4, "pipeline 2: after an L1 flip, a Redis restart and a node loss, a Rollback to the initial "
+               "state; the in-process survivor sat in a second round of new_group calls that the restarted "
+               "rank never made, until the engine saw a hang: extra recoveries without a new fault (found "
+               "2026-11-27)", fixed="the initial state is loaded into the connected trainer, no second connect "
+               "(tests/launch/test_launch_recovery.py::test_a_crash_before_any_checkpoint_restarts_everyone_"
+               "from_the_initial_state_in_their_processes)"),
+    Regression(505, 4, "expert 4, keep 1: a sidecar kill at step 2, a Rollback to the initial state, then the "
+               "same hang as 503 (found 2026-11-27)", fixed="as 503"),
+    Regression(507, 4, "expert 4: a hang, a trainer kill during its recovery, a MinIO outage and an L2 flip; "
+               "the flip's Rollback to the initial state hung as 503 (found 2026-11-27)", fixed="as 503"),
+    Regression(606, 4, "data 2 x expert 2: a trainer kill during the Rollback answering a sidecar kill took down "
+               "generation 1's rendezvous store (rank 0 hosts it); rank 3 exited 2 ('rendezvous store of "
+               "generation 1 failed'), a second failure answered by a third plan (found 2026-11-27)",
+               fixed="a rank whose generation's store died waits for the newer plan "
+               "(tests/runtime/test_rendezvous_store.py)"),
 ]

@@ -2,8 +2,8 @@
 
 Every commit runs :data:`CI_TRIALS` trials of ``lifeline bench fuzz`` whose seeds come from the commit
 (``git rev-parse HEAD``; ``LIFELINE_FUZZ_SEED`` overrides it), so each commit meets new configurations
-and fault schedules, plus every seed that ever failed (tests/fuzz/regressions.py), each its own test
-id. A trial checks what ``bench fuzz`` checks (:func:`lifeline.bench.fuzz.check`): the job finished
+and fault schedules, plus the seeds that ever failed (tests/fuzz/regressions.py, :data:`REGRESSION_CASES`),
+each its own test id. A trial checks what ``bench fuzz`` checks (:func:`lifeline.bench.fuzz.check`): the job finished
 bit-identical to the failure-free run of its shape, the same loss at every step, the cheapest rung,
 no second recovery without a second fault, the time lost per fault within its kind's bound. A failed
 trial's message starts with the one command that replays it.
@@ -26,11 +26,15 @@ from lifeline.bench.fuzz import References, commit_seed, run_one
 
 from .regressions import REGRESSIONS
 
-CI_TRIALS = int(os.environ.get("LIFELINE_FUZZ_TRIALS", "0"))
-"""Trials of this commit (8 is the CI budget the issue sets). **0 until the findings in
-tests/fuzz/regressions.py are fixed** (docs/fuzz.md "Status"): the first commit-seeded trial run found
-engine bugs this session could not fix, and a CI that cannot pass lands nothing. Set
-``LIFELINE_FUZZ_TRIALS=8`` to run them (and every regression seed) by hand."""
+_ASKED = os.environ.get("LIFELINE_FUZZ_TRIALS")
+CI_TRIALS = int(_ASKED) if _ASKED else 2
+"""Trials of this commit: 2 by default (about 3 minutes with their reference), as many as
+``LIFELINE_FUZZ_TRIALS`` says when set (8 is the issue's target, which the CI budget of issue 23 cannot
+hold yet: the suite takes about an hour warm)."""
+REGRESSION_CASES = [c for c in REGRESSIONS if _ASKED or not c.long]
+"""Every regression seed when ``LIFELINE_FUZZ_TRIALS`` is set; by default the ones that do not wait out
+``startupGraceSeconds`` by design (``Regression.long``: their fixes are pinned by the unit tests they
+name)."""
 CI_MAX_WORLD = 4
 """CI draws layouts of at most 4 ranks (``bench fuzz`` defaults to 8) to fit its budget; the replay
 command says ``--max-world 4``."""
@@ -62,14 +66,24 @@ def _assert_passed(res: dict) -> None:
                 + json.dumps(detail, indent=1, default=str)[:6000], pytrace=False)
 
 
-if CI_TRIALS:  # the trials exist only when asked for (see CI_TRIALS); none is collected, none skipped
-    @pytest.mark.slow
-    @pytest.mark.parametrize("seed", COMMIT_SEEDS, ids=[f"seed-{s}" for s in COMMIT_SEEDS])
-    def test_trial_of_this_commit(seed, refs, tmp_path):
-        _assert_passed(run_one(seed, root=tmp_path, refs=refs, max_world=CI_MAX_WORLD, timeout=CI_RUN_TIMEOUT))
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", COMMIT_SEEDS, ids=[f"seed-{s}" for s in COMMIT_SEEDS])
+def test_trial_of_this_commit(seed, refs, tmp_path):
+    _assert_passed(run_one(seed, root=tmp_path, refs=refs, max_world=CI_MAX_WORLD, timeout=CI_RUN_TIMEOUT))
 
 
-    @pytest.mark.slow
-    @pytest.mark.parametrize("case", REGRESSIONS, ids=[f"regression-seed-{c.seed}-w{c.max_world}" for c in REGRESSIONS])
-    def test_regression_seed(case, refs, tmp_path):
-        _assert_passed(run_one(case.seed, root=tmp_path, refs=refs, max_world=case.max_world, timeout=CI_RUN_TIMEOUT))
+@pytest.mark.slow
+@pytest.mark.parametrize("case", REGRESSION_CASES,
+                         ids=[f"regression-seed-{c.seed}-w{c.max_world}" for c in REGRESSION_CASES])
+def test_regression_seed(case, refs, tmp_path):
+    _assert_passed(run_one(case.seed, root=tmp_path, refs=refs, max_world=case.max_world, timeout=CI_RUN_TIMEOUT))
+
+
+def test_every_regression_seed_is_fixed_and_the_long_ones_name_their_unit_test():
+    """A seed stays open only while its bug is (CI then fails on it); a long one, left out of the default
+    run, must name the test that pins its fix (``fixed="as S"``: the fix of seed S)."""
+    by_seed = {c.seed: c for c in REGRESSIONS}
+    for case in REGRESSIONS:
+        assert case.fixed, f"regression seed {case.seed} is open: {case.found[:200]}"
+        fix = by_seed[int(case.fixed.split()[1])].fixed if case.fixed.startswith("as ") else case.fixed
+        assert not case.long or "tests/" in fix, f"long regression seed {case.seed} names no test of its fix"

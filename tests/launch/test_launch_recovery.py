@@ -74,6 +74,25 @@ def test_trainer_crash_restarts_in_place_and_ends_bit_identical(reference, tmp_p
     assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
 
 
+def test_a_crash_before_any_checkpoint_restarts_everyone_from_the_initial_state_in_their_processes(
+        reference, tmp_path):
+    """No copy exists yet (the first checkpoint is the last step's): a trainer crash at step 3 is a
+    Rollback to the initial state, which the survivors (data parallel 2: they have sub-groups) load
+    in their processes. Fuzz seeds 503 and 505: they built and connected a second trainer, a
+    ``new_group`` round the restarted rank never made, and sat in it until the engine saw a hang."""
+    ref, _ = reference
+    doc = job_doc("norestore")
+    doc["spec"]["checkpoint"].update(every=STEPS, persist={"every": STEPS, "uri": "file:///unused"})
+    summary = lifeline_run(write_job(tmp_path / "job.yaml", doc), tmp_path / "state", "--persist-uri",
+                           str(tmp_path / "l2"), "--inject-failure", "trainer:rank=1:step=3")
+    assert summary["phase"] == "Succeeded"
+    (rec,) = summary["recoveries"]  # one recovery: no hang after it
+    assert (rec["action"], rec["restore_step"], rec["ranks"]) == ("Rollback", None, [1]), rec
+    restores = [e for e in trainer_events(tmp_path / "state") if e["event"] == "restore" and e["generation"] == 1]
+    assert sorted(e["rank"] for e in restores) == [0, 2, 3] and {e["source"] for e in restores} == {"init"}
+    assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
+
+
 def test_node_loss_and_trainer_crash_in_one_run_end_bit_identical(reference, tmp_path):
     ref, _ = reference
     node, crash = random_injections(23, ("node", "trainer"), world_size=WORLD, steps=STEPS)

@@ -6,6 +6,7 @@ the operator's rights stop at what the chart grants."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -232,6 +233,12 @@ def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
         (rec,) = st["recoveries"]
         assert (rec["kind"], rec["fromStep"], rec["tier"]) == ("ReplacePods", 5, "L1")
         assert 2 in rec["ranks"]
+        # the operator that committed the plan counted it (its own /metrics, scraped from its pod)
+        text = _wait("the operator's /metrics", lambda: _operator_metrics(devcluster, ns), timeout=30)
+        assert 'lifeline_operator_failures_total{job="sleepy",kind="NODE_LOST",namespace="%s"} 1.0' % ns in text, \
+            [x for x in text.splitlines() if "failures_total" in x]
+        assert 'lifeline_operator_recoveries_total{action="ReplacePods",job="sleepy",namespace="%s"} 1.0' % ns \
+            in text, [x for x in text.splitlines() if "recoveries_total" in x]
         devcluster.kubectl("delete", "pod", "-n", ns, "-l", "app.kubernetes.io/component=operator", "--wait=false")
 
         def replaced():
@@ -260,9 +267,32 @@ def test_lost_node_pods_replaced_elsewhere(devcluster, operator_release):
         reasons = [e["reason"] for e in _get(devcluster, "events", "-n", ns,
                                              "--field-selector", "involvedObject.name=sleepy")["items"]]
         assert reasons.count("ReplacePods") == 1 and "Recovered" in reasons
+        # the operator that closed the recovery timed it, and reconciles are timed and counted
+        def timed() -> str | None:
+            text = _operator_metrics(devcluster, ns)
+            return text if 'recovery_seconds_count{action="ReplacePods"} 1.0' in text else None
+
+        text = _wait("the new operator's metrics of the closed recovery", timed, timeout=30)
+        assert 'lifeline_operator_checkpoint_lag_steps{job="sleepy",namespace="%s"}' % ns in text
+        assert re.search(r"lifeline_operator_reconcile_seconds_count [1-9]", text), text[-2000:]
     finally:
         devcluster.start_node(victim)
         devcluster.wait_nodes_ready(timeout=120)
+
+
+def _operator_metrics(devcluster, ns: str) -> str:
+    """The Prometheus text of the running, Ready operator pod's ``/metrics`` (its pod IP, port 8080)."""
+    import httpx
+
+    pods = [p for p in _get(devcluster, "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
+            if not p["metadata"].get("deletionTimestamp") and p.get("status", {}).get("podIP") and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+    if not pods:
+        return ""
+    try:
+        return httpx.get(f"http://{pods[0]['status']['podIP']}:8080/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
 
 
 def _reference_digest(body: dict, tmp_path: Path) -> str:

@@ -30,6 +30,7 @@ REASONS = {
     "Rollback": "Normal",
     "Reshard": "Normal",
     "Recovered": "Normal",
+    "GrowDeferred": "Normal",  # a grow's step left sidecar memory before it was published: planned again
     # warnings
     "FailureDetected": "Warning",
     "InvalidSpec": "Warning",

@@ -157,12 +157,32 @@ class RuntimeContext:
                                         f"within {self.settings.rendezvous_timeout_seconds:.0f} s",
                                         job=self.job, rank=self.rank)
                 time.sleep(poll)
-        except (dist.DistError, RuntimeError) as err:  # the generation's store went away
-            current = self.current_generation()
-            if current > generation:
+        except (dist.DistError, RuntimeError) as err:  # the generation's store went away: its host died
+            # (rank 0 of the generation hosts it). That is a failure the controller answers with a newer
+            # plan, so wait for it like any rank whose peer died (fuzz seed 606: exiting here made this
+            # rank's exit a second failure, answered by a third plan although nothing else failed)
+            current = self._newer_than(generation, poll=0.1)
+            if current is not None:
                 raise Superseded(current) from err
-            raise RecoveryError(f"rendezvous store of generation {generation} failed: {err}",
+            raise RecoveryError(f"rendezvous store of generation {generation} failed ({err}) and no newer "
+                                f"plan came within {self.settings.recovery_timeout_seconds:.0f} s",
                                 job=self.job, rank=self.rank) from err
+
+    def _newer_than(self, generation: int, poll: float) -> int | None:
+        """The catalog's generation once it passes ``generation``, waiting up to
+        ``LIFELINE_RECOVERY_TIMEOUT_SECONDS`` (an unreachable catalog counts as no newer one yet);
+        ``None`` when none came."""
+        deadline = time.monotonic() + self.settings.recovery_timeout_seconds
+        while True:
+            try:
+                current = self.current_generation()
+            except CatalogError:
+                current = generation
+            if current > generation:
+                return current
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(poll)
 
     def teardown(self) -> None:
         """Destroy the current process group (closing its connections, which fails peers' pending

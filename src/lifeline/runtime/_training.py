@@ -99,10 +99,15 @@ def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoin
     steps after it (their recomputation is checked; the copy read was verified as it was read)."""
     if verifier is not None:
         verifier.arm(step or 0, how="restart from the initial state" if step is None else "restore")
-    if step is None:  # nothing to restore: start over from the initial state
-        trainer = spec.build(ctx.layout, ctx.rank)
-        with ctx.watching():  # the new trainer's sub-groups: broken too when a newer plan comes
-            trainer.connect(ctx.collective_timeout)
+    if step is None:  # nothing to restore: start over from the initial state, loaded into the trainer
+        # every caller connected it already; a new trainer's ``connect`` would be a second round of
+        # ``new_group`` calls that only the ranks restoring make (fuzz seeds 503, 505: in-process
+        # survivors of a Rollback to the initial state waited in it for the restarted ranks, which
+        # trained on, until the engine called it a hang)
+        trainer.load_state(spec.build(ctx.layout, ctx.rank).state())  # built, never connected: no collective
+        if trainer.step != 0:
+            raise RecoveryError(f"the initial state loaded a trainer at step {trainer.step}", job=ctx.job,
+                                rank=ctx.rank, step=0)
         ctx.report("restore", step=0, source="init")
         return trainer
     start = time.perf_counter()
