@@ -94,6 +94,7 @@ class Supervisor:
         self.faults: Faults | None = None
         self.watch = ServiceWatch(self)
         self.first_step_at: float | None = None
+        self._spare_held = False  # a grow's step is spared in the sidecars' memory (Catalog.spare)
         self.resumed_from: int | None = None
         self.final_view: CatalogView | None = None
         self.digest: dict[str, Any] | None = None
@@ -242,6 +243,7 @@ class Supervisor:
             self._last_holdings = view.holdings
             self._restart_stragglers(view)
             self._close_recoveries(view)
+            self._release_spare()  # the restore read what a grow spared: the sidecars may evict it
             self._refill_spares()
             self._notify()
             if now - last_pids > 1.0:
@@ -319,10 +321,26 @@ class Supervisor:
         assert self.catalog is not None
         if not plan.reads_memory_while_training:
             return True
-        if self.catalog.spare(plan, ttl_seconds=self.job.spec.recovery.startup_grace_seconds):
-            return True
+        try:
+            if self.catalog.spare(plan, ttl_seconds=self.job.spec.recovery.startup_grace_seconds):
+                self._spare_held = True
+                return True
+        except CatalogError as err:  # Redis away: no grow this round (nothing failed, nothing waits for it)
+            self._event(f"cannot spare step {plan.restore_step} for the grow ({err}): planning again")
+            return False
         self._event(f"step {plan.restore_step} left sidecar memory before the grow was published: planning again")
         return False
+
+    def _release_spare(self) -> None:
+        """Drop the grow's spare once training resumed (best effort: it lapses by its TTL anyway)."""
+        if not self._spare_held or self.record.phase != "Running":
+            return
+        assert self.catalog is not None
+        try:
+            self.catalog.unspare()
+            self._spare_held = False
+        except CatalogError:
+            pass  # Redis restarting: again next round
 
     def _apply(self, plan: RecoveryPlan, view: CatalogView, now: float, noticed: float | None) -> None:
         assert self.catalog is not None
@@ -424,8 +442,6 @@ class Supervisor:
         progress = Progress.of(view.reports.values(), view.generation)
         if rec.resumed_at is None and view.generation >= self.generation and progress.trained_in(self.generation, world):
             rec.resumed_at = time.time()
-            assert self.catalog is not None
-            self.catalog.unspare()  # the restore read what the plan spared: the sidecars may evict it
             if self.retiring.pods:
                 self._event(f"stopped the pods of ranks {self.retiring.release()} (out of the layout)")
             self.record = replace(self.record, phase="Running", reason="Recovered")

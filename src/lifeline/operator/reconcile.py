@@ -40,6 +40,7 @@ from lifeline.api.trainingjob import (
     TrainingJobStatus,
 )
 from lifeline.catalog import Catalog
+from lifeline.errors import CatalogError
 from lifeline.operator import events, metrics
 from lifeline.operator.access import ensure_network_policy, ensure_redis_user, ensure_secret
 from lifeline.operator.capacity import pod_requests
@@ -262,6 +263,23 @@ def _observe_sidecars(env: Env, job: TrainingJob, obs: Observation, now: float) 
     return dict(seen)
 
 
+def _spare(catalog: Catalog, plan: RecoveryPlan, ttl_seconds: float) -> bool:
+    """``Catalog.spare``; ``False`` (no grow this resync) when Redis does not answer."""
+    try:
+        return catalog.spare(plan, ttl_seconds=ttl_seconds)
+    except CatalogError as err:
+        log.warning("cannot spare step %s for a grow: %s", plan.restore_step, err)
+        return False
+
+
+def _unspare(catalog: Catalog) -> None:
+    """``Catalog.unspare``, best effort: the spare lapses by its TTL when Redis does not answer."""
+    try:
+        catalog.unspare()
+    except CatalogError as err:
+        log.warning("cannot drop the grow's spare (it lapses by its TTL): %s", err)
+
+
 def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Reconcile | None:
     started = time.perf_counter()
     now = time.time() if now is None else now
@@ -287,8 +305,8 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
         d = decide(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
-        if d.plan is not None and d.plan.reads_memory_while_training and not catalog.spare(
-                d.plan, ttl_seconds=job.spec.recovery.startup_grace_seconds):
+        if d.plan is not None and d.plan.reads_memory_while_training and not _spare(
+                catalog, d.plan, job.spec.recovery.startup_grace_seconds):
             # a grow's step left the sidecars' memory since the catalog was read: plan it at the next resync
             events.record(body, "GrowDeferred", f"step {d.plan.restore_step} left sidecar memory before the "
                           "grow was published; planning again")
@@ -322,7 +340,8 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
             recovery = _record_of(current, now)  # the status write after the commit was lost: redo it
         if d.resumed:
             recovery = _close_recovery(status, d.generation, now)
-            catalog.unspare()  # a grow's restore read what it spared: the sidecars may evict it
+            if current is not None and current.reads_memory_while_training:
+                _unspare(catalog)  # a grow's restore read what it spared: the sidecars may evict it
         if d.phase != status.phase:
             if d.resumed and d.phase == "Succeeded":  # resumed and finished between two resync ticks
                 events.record(body, "Recovered", f"training resumed in generation {d.generation} and finished")
