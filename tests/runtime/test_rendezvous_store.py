@@ -25,19 +25,19 @@ from lifeline.runtime._context import RuntimeContext
 from ._harness import SECRET, job_name
 
 _HOST = """
-import sys, time
+import sys
 import torch.distributed as dist
 from datetime import timedelta
 store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
 print(store.port, flush=True)
-time.sleep(600)
+sys.stdin.read()  # serve until the test kills this process (or closes the pipe)
 """
 
 
 @pytest.fixture
 def dead_store():
     """A generation-1 store whose host process (rank 0's, as in a job) is SIGKILLed after rank 1 arrived."""
-    host = subprocess.Popen([sys.executable, "-c", _HOST], stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen([sys.executable, "-c", _HOST], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(host.stdout.readline())
         store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=5))
