@@ -87,8 +87,12 @@ def trainer_events(state_dir: Path) -> list[dict]:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie is dead (a run's processes are adopted by whichever process
+    is a child subreaper when their launcher dies, and a test process that ran a Supervisor in
+    process is one: see lifeline.launch.templates)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state not in ("Z", "X")

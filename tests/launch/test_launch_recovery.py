@@ -194,11 +194,13 @@ def test_spares_take_over_in_place_and_on_a_replacement_node_and_the_run_ends_bi
         text = (state / "logs" / name).read_text(errors="replace")
         return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
-    # the in-place incarnation of rank 1 is a spare: assigned, then the runtime's init in generation 1
+    # both incarnations of rank 1 are spares (the first forked from the template, the in-place one the
+    # node's waiting spare, counted in the record above): each assigned, then the runtime's init
     in_place = lines("rank-1-node-1-trainer.log")
     assigned = [i for i, e in enumerate(in_place) if e["event"] == "spare_assigned"]
-    assert len(assigned) == 1 and in_place[assigned[0] + 1]["event"] == "init"
-    assert in_place[assigned[0] + 1]["generation"] == 1
+    assert len(assigned) == 2 and [in_place[i + 1]["event"] for i in assigned] == ["init", "init"]
+    assert [in_place[i + 1]["generation"] for i in assigned] == [0, 1]
+    assert in_place[assigned[0]]["pid"] != in_place[assigned[1]]["pid"]
     # rank 2 on the standby node: both containers came from spares, and the trainer restored step 7's
     # shard from its peer's L1 copy through the new sidecar
     sidecar, trainer = lines(f"rank-2-node-{WORLD}-sidecar.log"), lines(f"rank-2-node-{WORLD}-trainer.log")

@@ -79,3 +79,24 @@ def test_a_dead_store_with_no_plan_coming_is_a_recovery_error(redis_server, dead
             ctx._await_members(dead_store, 1)
     finally:
         ctx.catalog.close()
+
+
+def test_a_process_group_whose_peer_never_connects_waits_for_the_plan_answering_that_peer(redis_server):
+    """The fresh rank of fuzz seed 606 after the template change: its generation's store was fine,
+    but the peer it meshed with was killed during the recovery; ``init_process_group`` failed and
+    the rank exited 1, a second failure. It must wait for the plan that answers its peer instead."""
+    job = job_name("mesh")
+    settings = TrainerSettings(job=job, rank=1, world_size=2, secret=SECRET, redis_url=redis_server.url,
+                               recovery_timeout_seconds=60, collective_timeout_seconds=1)
+    ctx = RuntimeContext(settings=settings, layout=Layout(data=2), rank=1, world_size=2, generation=1,
+                         backend="gloo", catalog=Catalog(redis_server.url, job, 2))
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    answer = threading.Timer(0.5, ctx.catalog.put_plan, (RecoveryPlan.restore_all(2, None, LayoutSpec(data=2)),))
+    answer.start()
+    try:
+        with pytest.raises(Superseded) as sup:  # rank 0 never puts its address: the mesh times out
+            ctx._init_group(dist.PrefixStore(f"lifeline/{job}/gen/1", store), 1)
+    finally:
+        answer.cancel()
+        ctx.catalog.close()
+    assert sup.value.generation == 2 and not dist.is_initialized()

@@ -30,10 +30,13 @@ REPORT_POLL_SECONDS = 0.5
 
 
 def run_trial(doc: dict, trial: TrialSpec, state_dir: Path, *, persist_uri: str | None, timeout: float,
-              extra_env: dict[str, str] | None = None, spares_per_node: int = 0) -> dict[str, Any]:
+              extra_env: dict[str, str] | None = None, spares_per_node: int = 0,
+              templates: bool = False) -> dict[str, Any]:
     """Run ``doc`` (a TrainingJob document) with ``trial``'s injections; returns the summary of
     ``lifeline run`` plus ``audit``, ``corruption_reports``, ``step_samples`` and ``error`` (an
-    exception that ended the run, ``None`` if none)."""
+    exception that ended the run, ``None`` if none). ``templates``: fork the rank processes from
+    template processes (``LaunchOptions.templates``); off by default here: see docs/fuzz.md, "Open
+    finding: seed 606 with forked processes"."""
     from lifeline.launch.services import prepare_binaries
     from lifeline.launch.spec import load_for_launch
     from lifeline.launch.summary import summarize
@@ -44,7 +47,8 @@ def run_trial(doc: dict, trial: TrialSpec, state_dir: Path, *, persist_uri: str 
     world = job.spec.layout.world_size
     options = LaunchOptions(state_dir=state_dir, injections=trial.injections, persist_uri=persist_uri,
                             spare_nodes=world + trial.lost_nodes + 1, slot_bytes=8 << 20, timeout_seconds=timeout,
-                            extra_env=dict(extra_env or {}), spares_per_node=spares_per_node)
+                            extra_env=dict(extra_env or {}), spares_per_node=spares_per_node,
+                            templates=templates)
     box: dict[str, Any] = {"reports": {}, "samples": [], "audit": None, "last_poll": 0.0}
     holder: list[Supervisor] = []
 

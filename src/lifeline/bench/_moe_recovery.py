@@ -55,7 +55,7 @@ def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, local
     job = load_for_launch(job_doc(name, steps=steps, every=every, localized=localized, l2=f"file://{root / 'l2'}",
                                   sparse=sparse))
     sup = Supervisor(job, LaunchOptions(state_dir=root / name, injections=(Injection("trainer", 1, fail_step),),
-                                        timeout_seconds=900))
+                                        timeout_seconds=900, templates=False))  # fresh, as a container
     phase = sup.run()
     (rec,) = [r.to_dict() for r in sup.snapshot.recoveries]
     events = read_events(sorted((root / name / "logs").glob("*-trainer.log")))

@@ -240,6 +240,8 @@ def fuzz_command(
     exact_reference: bool = typer.Option(False, "--exact-reference", help="One failure-free reference per full "
                                          "configuration (default: one per shape: layout, model, steps)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
+    templates: bool = typer.Option(False, "--templates", help="Fork the faulted runs' processes from template "
+                                   "processes, as lifeline run does (default: fresh processes; docs/fuzz.md)."),
     state_dir: str = _state_dir("Directory for the runs (default: a new temp dir; failed trials are kept)."),
 ) -> None:
     """Differential fuzzer: random configurations under random faults vs the failure-free run: same digest,
@@ -252,7 +254,7 @@ def fuzz_command(
     from lifeline.bench.fuzz import run
 
     typer.echo(json.dumps(run(trials=trials, seed=seed, max_world=max_world, workdir=state_dir, keep=keep,
-                              exact_reference=exact_reference), indent=1))
+                              exact_reference=exact_reference, templates=templates), indent=1))
 
 
 def _changes(text: str) -> tuple[tuple[int, int], ...] | None:

@@ -98,7 +98,7 @@ class References:
             doc = json.loads(json.dumps(trial.doc)) if self.exact else trial.reference_doc()
             state = self.root / f"reference-{len(self.runs)}"
             s = run_trial(doc, TrialSpec(-1, ()), state / "run", persist_uri=f"file://{state / 'l2'}",
-                          timeout=self.timeout)
+                          timeout=self.timeout, templates=True)  # failure-free: forked processes only save time
             ok = s["phase"] == "Succeeded" and not s.get("error") and bool(s.get("digest"))
             self.runs[key] = {"ok": ok, "digest": s.get("digest"), "losses": losses(state / "run" / "logs"),
                               "wall_seconds": s["wall_seconds"], "seed": trial.seed, "state_dir": str(state),
@@ -128,9 +128,10 @@ def check(trial: FuzzTrial, summary: dict[str, Any], ref: dict[str, Any]) -> tup
 
 
 def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WORLD, keep: bool = False,
-            timeout: float = TRIAL_TIMEOUT) -> dict[str, Any]:
+            timeout: float = TRIAL_TIMEOUT, templates: bool = False) -> dict[str, Any]:
     """Draw, run and check the trial of ``seed`` (its state under ``root``; removed when it passed,
-    unless ``keep``). Returns ``{"seed", "config", "reasons", "replay", "summary", ...}``."""
+    unless ``keep``; ``templates``: the faulted run forks its processes from templates). Returns
+    ``{"seed", "config", "reasons", "replay", "summary", ...}``."""
     trial = draw(seed, max_world=max_world)
     t0 = time.monotonic()
     ref = refs.get(trial)
@@ -144,7 +145,7 @@ def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WOR
                    wall_seconds=0.0, reference_seconds=round(ref_seconds, 3))
         return out
     uri = "s3://lifeline/fuzz" if trial.chaos.needs_minio else f"file://{state / 'l2'}"
-    s = run_trial(trial.doc, trial.chaos, state, persist_uri=uri, timeout=timeout)
+    s = run_trial(trial.doc, trial.chaos, state, persist_uri=uri, timeout=timeout, templates=templates)
     reasons, figures = check(trial, s, ref)
     out.update(reasons=reasons, summary=s, figures=figures, state_dir=str(state), wall_seconds=s["wall_seconds"],
                reference_seconds=round(ref_seconds, 3))
@@ -160,7 +161,7 @@ def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WOR
 
 def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir: str | None = None,
         keep: bool = False, exact_reference: bool = False, timeout: float = TRIAL_TIMEOUT,
-        progress: bool = True) -> dict[str, Any]:
+        progress: bool = True, templates: bool = False) -> dict[str, Any]:
     """Run ``trials`` trials (trial ``i`` has seed ``seed + i``); returns the JSON object.
 
     Fields: ``trials``, ``failures`` (count; target 0), ``failed`` (each failed trial: seed,
@@ -185,7 +186,8 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
     configs: dict[str, dict[str, int]] = {}
     failed, walls, extra, replans = [], [], 0, 0
     for i in range(trials):
-        res = run_one(seed + i, root=root, refs=refs, max_world=max_world, keep=keep, timeout=timeout)
+        res = run_one(seed + i, root=root, refs=refs, max_world=max_world, keep=keep, timeout=timeout,
+                      templates=templates)
         s, cfg = res["summary"], res["config"]
         for k in ("layout", "schedule", "every", "persist_every", "keep", "sparse_window", "localized_replay",
                   "elastic", "micro_batches"):

@@ -131,7 +131,7 @@ def _lifeline(root: Path, steps: int, persist_every: int, fail_steps: tuple[int,
     injections = (Injection("trainer", 1, fail_steps[0]), Injection("node", 2, fail_steps[1]))
     sup = Supervisor(job, LaunchOptions(state_dir=root / "lifeline", injections=injections, timeout_seconds=1200,
                                         spares_per_node=1 if spares else 0, warm_start=spares,
-                                        slot_bytes=SLOT_BYTES))
+                                        slot_bytes=SLOT_BYTES, templates=spares))
     phase = sup.run()
     recs = sup.snapshot.recoveries
     step_s = sorted(v for v in sup.step_seconds.values() if v > 0)
@@ -258,7 +258,8 @@ def _ettr(root: Path, duration: float, mtbf: float, step_seconds: float, persist
     # spares warm in the background once training runs (no warm start: start-up counts against ETTR)
     nodes = sum(i.kind == "node" for i in injections) + 1
     sup = Supervisor(job, LaunchOptions(state_dir=root / "ettr", injections=tuple(injections), spare_nodes=nodes,
-                                        slot_bytes=SLOT_BYTES, timeout_seconds=max(1200.0, 20 * duration)))
+                                        slot_bytes=SLOT_BYTES, timeout_seconds=max(1200.0, 20 * duration),
+                                        templates=False))  # a container starts fresh: so does every rank here
     t0 = time.monotonic()
     phase = sup.run()
     wall = time.monotonic() - t0

@@ -26,6 +26,8 @@ _EXPORTS = {
     "Secrets": "env",
     "Spare": "spares",
     "SparePool": "spares",
+    "Template": "templates",
+    "ForkedProcess": "templates",
     "summarize": "summary",
     "state_digest": "summary",
 }

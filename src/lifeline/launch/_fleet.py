@@ -11,12 +11,14 @@ from pathlib import Path
 from lifeline.api import LayoutSpec, TrainingJob
 from lifeline.api.pod import default_arena_dir
 from lifeline.control import NodeState
+from lifeline.errors import ClusterError
 from lifeline.launch._holds import hold_dir, hold_env
 from lifeline.launch._pods import Pod, stop_all
 from lifeline.launch._records import LaunchOptions
 from lifeline.launch.env import RankProcesses, Secrets, node_ip, rank_processes
 from lifeline.launch.services import Services
 from lifeline.launch.spares import Spare, SparePool, spare_env, wanted_spares
+from lifeline.launch.templates import await_ready
 
 __all__ = ["Fleet"]
 
@@ -40,7 +42,9 @@ class Fleet:
         self.log_dir = log_dir
         self.pods: dict[int, Pod] = {}
         first = self.rank_spec(0, "node-0", layout=job.spec.layout, generation=0)
-        self.pool = SparePool({"trainer": spare_env(first.trainer), "sidecar": spare_env(first.sidecar)}, log_dir)
+        self.pool = SparePool({"trainer": spare_env(first.trainer), "sidecar": spare_env(first.sidecar)}, log_dir,
+                              templates=options.templates)
+        self.pool.start_templates()
 
     @property
     def name(self) -> str:
@@ -70,16 +74,34 @@ class Fleet:
         return hold_dir(self.options.state_dir.resolve(), rank)
 
     def create_pod(self, rank: int, node: str, *, layout: LayoutSpec, generation: int, spares: bool = True) -> Pod:
-        """Start ``rank``'s sidecar and trainer on ``node`` (from spares when ``spares`` and one waits)."""
+        """Start ``rank``'s sidecar and trainer on ``node`` (from spares when ``spares`` and one waits;
+        else forked from the role's template when one is ready, else fresh processes)."""
         pod = Pod(self.rank_spec(rank, node, layout=layout, generation=generation), generation, self.log_dir)
-        pod.start_sidecar(self.spare(node, "sidecar") if spares else None)
-        pod.start_trainer(self.spare(node, "trainer") if spares else None)
+        for role in ("sidecar", "trainer"):
+            spare = self.spare(node, role) if spares else None
+            forked = self.pool.fresh(node, role) if spare is None else None
+            start = pod.start_sidecar if role == "sidecar" else pod.start_trainer
+            start(spare or forked, pooled=spare is not None)
         self.pods[rank] = pod
         return pod
 
     def spare(self, node: str, role: str) -> Spare | None:
         """A waiting spare of ``role`` on ``node``, taken out of the pool, or ``None``."""
         return self.pool.take(node, role)
+
+    def restart_trainer(self, pod: Pod) -> None:
+        """Start ``pod``'s trainer again: in its node's waiting spare, else forked from the template
+        (when ready), else a fresh process."""
+        spare = self.spare(pod.node, "trainer")
+        pod.start_trainer(spare or self.pool.fresh(pod.node, "trainer"), pooled=spare is not None)
+
+    def await_templates(self, timeout: float = 300.0) -> None:
+        """Wait until the templates finished their imports (or failed: fresh processes then), so
+        the first ranks fork from them. Never raises: after ``timeout`` seconds the ranks start fresh."""
+        try:
+            await_ready(self.pool.templates.values(), timeout)
+        except ClusterError:
+            pass
 
     def wanted(self, node_of_rank: Mapping[int, str], cool_downs: Mapping[str, float]) -> list[tuple[str, str, int]]:
         """The spares to keep (:func:`lifeline.launch.spares.wanted_spares`)."""
@@ -101,7 +123,8 @@ class Fleet:
     def write_pids(self, path: Path) -> None:
         """Write ``processes.json``: the launcher's, the services' and every rank's and spare's pid."""
         doc = {"launcher": os.getpid(), **{f"{k}": v for k, v in self.services.pids().items()},
-               "ranks": {str(r): p.pids() for r, p in self.pods.items()}, "spares": self.pool.pids()}
+               "ranks": {str(r): p.pids() for r, p in self.pods.items()}, "spares": self.pool.pids(),
+               "templates": self.pool.template_pids()}
         path.write_text(json.dumps(doc, indent=1))
 
     def stop_pods(self) -> None:

@@ -80,9 +80,10 @@ class Pod:
                 spare.stop()
         return start_process(spec, self._log(role)), False
 
-    def start_sidecar(self, spare: Spare | None = None) -> None:
+    def start_sidecar(self, spare: Spare | None = None, *, pooled: bool = True) -> None:
         """Start the sidecar on a fresh arena directory (the pod's Memory-backed emptyDir), in
-        ``spare`` (a pre-warmed process, see :mod:`lifeline.launch.spares`) when given."""
+        ``spare`` (a pre-warmed or forked process, see :mod:`lifeline.launch.spares`) when given;
+        ``pooled`` is unused here (as for :meth:`start_trainer`)."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
         self.spec.arena_dir.mkdir(parents=True, exist_ok=True)
         self.sidecar_started_at = time.time()
@@ -90,10 +91,13 @@ class Pod:
         self.sidecar, _ = self._launch("sidecar", spare)
         self.handled.discard("sidecar")
 
-    def start_trainer(self, spare: Spare | None = None) -> None:
-        """Start (or restart in place) the trainer process, in ``spare`` when given."""
+    def start_trainer(self, spare: Spare | None = None, *, pooled: bool = True) -> None:
+        """Start (or restart in place) the trainer process, in ``spare`` when given; ``pooled``
+        says whether ``spare`` waited in the pool (counted in :attr:`trainer_from_spare`) or was
+        forked for this start."""
         self.trainer_started_at = time.time()
-        self.trainer, self.trainer_from_spare = self._launch("trainer", spare)
+        self.trainer, used = self._launch("trainer", spare)
+        self.trainer_from_spare = used and pooled
         self.trainer_runs += 1
         self.handled.discard("trainer")
 

@@ -16,8 +16,9 @@ went away) exits 0. A spare assigned while still importing (the pool hands out a
 when no ready one exists) finds the launcher's end of stdout closed: it skips the ``ready``
 line and takes the assignment.
 
-No fork happens after torch is imported and no thread pool or process group is created before
-the assignment, so the process is in the state a fresh one would be in after its imports.
+No thread pool or process group is created before the assignment, so the process is in the
+state a fresh one would be in after its imports. A spare forked from a template
+(:mod:`lifeline.launch._template`) skips the imports and starts at :func:`serve`.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "serve", "preload"]
 
 
-def _preload(modules: list[str]) -> float:
+def preload(modules: list[str]) -> float:
+    """Import ``modules`` (a failure is reported on stderr and skipped) and warm autograd; returns the seconds taken."""
     start = time.perf_counter()
     for name in modules:
         try:
@@ -78,7 +80,12 @@ def _run(argv: list[str], env: dict[str, str]) -> None:
 
 def main(modules: list[str]) -> None:
     """Preload ``modules``, report ``ready``, wait for the assignment and run it (see the module docstring)."""
-    seconds = _preload(modules)
+    serve(preload(modules))
+
+
+def serve(seconds: float) -> None:
+    """Report ``ready`` (after ``seconds`` of imports) on stdout, wait for the assignment on stdin and
+    run it. Also the entry of a spare forked from a template (:mod:`lifeline.launch._template`)."""
     ready = json.dumps({"event": "spare_ready", "pid": os.getpid(), "seconds": round(seconds, 3)}) + "\n"
     try:  # unbuffered: nothing of it may linger in sys.stdout's buffer for the container's log
         os.write(1, ready.encode())

@@ -57,6 +57,9 @@ def run_command(
     standby_nodes: int = typer.Option(1, "--standby-nodes", help="Free nodes that keep spares for replacements."),
     warm_start: bool = typer.Option(False, "--warm-start", help="Start the ranks only when every spare is ready "
                                     "(benchmarks, tests)."),
+    fresh_processes: bool = typer.Option(False, "--fresh-processes", help="Start every rank process as a fresh "
+                                         "interpreter, as a container does (default: fork them from a template "
+                                         "process per role that imported torch once)."),
     node_return_seconds: Optional[float] = typer.Option(
         None, "--node-return-seconds", help="A lost node is Ready again after this many seconds (> 0; an elastic "
         "job then grows back to its size). Default: lost for good."),
@@ -82,7 +85,7 @@ def run_command(
         state_dir=plan.state_dir, injections=plan.injections, persist_uri=persist_uri, s3_endpoint=s3_endpoint,
         spare_nodes=spare_nodes, slot_bytes=slot_mib << 20, timeout_seconds=timeout,
         spares_per_node=spares_per_node, standby_nodes=standby_nodes, warm_start=warm_start,
-        node_return_seconds=node_return_seconds)
+        node_return_seconds=node_return_seconds, templates=not fresh_processes)
     # SIGTERM (e.g. `kill`, `lifeline stop`) stops the run like Ctrl-C: every process and server started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     display = ProgressDisplay(enabled=not json_out)

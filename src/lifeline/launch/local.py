@@ -108,11 +108,13 @@ class LocalRun:
         return str(self.summary.get("phase") or "ended")
 
     def pids(self) -> dict[str, int]:
-        """Every recorded pid by name (``launcher``, services, ``rank-<r>-<role>``, ``spare-<i>``)."""
+        """Every recorded pid by name (``launcher``, services, ``rank-<r>-<role>``, ``spare-<i>``,
+        ``template-<role>``)."""
         out = {k: int(v) for k, v in self.processes.items() if isinstance(v, int)}
         for rank, roles in (self.processes.get("ranks") or {}).items():
             out.update({f"rank-{rank}-{role}": int(pid) for role, pid in roles.items()})
         out.update({f"spare-{i}": int(pid) for i, pid in enumerate(self.processes.get("spares") or [])})
+        out.update({f"template-{role}": int(pid) for role, pid in (self.processes.get("templates") or {}).items()})
         return out
 
     @classmethod

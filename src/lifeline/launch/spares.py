@@ -27,6 +27,7 @@ from pathlib import Path
 from lifeline.control import NodeState
 from lifeline.errors import ClusterError
 from lifeline.launch.env import ProcessSpec
+from lifeline.launch.templates import ForkedProcess, Template
 
 __all__ = ["Spare", "SparePool", "PRELOAD", "spare_env", "wanted_spares"]
 
@@ -74,6 +75,20 @@ class Spare:
         with open(log, "ab") as handle:
             proc = subprocess.Popen([sys.executable, "-m", "lifeline.launch._spare", *preload], env=dict(env),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle, close_fds=True)
+        return cls(node, role, proc)
+
+    @classmethod
+    def fork(cls, node: str, role: str, template: Template, log: Path) -> Spare:
+        """Fork a spare of ``role`` for ``node`` from ``template`` (ready within milliseconds: it
+        has the template's imports); its own output before the assignment goes to ``log``.
+
+        Raises:
+            OSError: the template could not fork (start a fresh spare instead).
+        """
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as handle:
+            proc = ForkedProcess(template, [f"spare:{role}:{node}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=handle)
         return cls(node, role, proc)
 
     def alive(self) -> bool:
@@ -125,22 +140,74 @@ class Spare:
 
 
 class SparePool:
-    """Spares per (node, role), started one at a time.
+    """Spares per (node, role): forked from one template per role when ``templates`` (a spare then
+    costs milliseconds, see :mod:`lifeline.launch.templates`), else fresh processes started one at
+    a time.
 
     Args:
         envs: per role, the base environment of a spare (a rank's process of that role minus the
             pod's ``LIFELINE_*`` settings: :func:`spare_env`).
-        log_dir: spares log to ``spare-<node>-<role>.log`` until assigned.
+        log_dir: spares log to ``spare-<node>-<role>.log`` until assigned, templates to
+            ``template-<role>.log``.
+        templates: fork spares from templates; a role whose template cannot run (not Linux, it
+            failed its single-thread check, it died) falls back to fresh spares, named in
+            :attr:`no_template`.
     """
 
     RETRY_SECONDS = 30.0
     """After a spare died before it was ready, no new spare starts for this long (no crash loop)."""
 
-    def __init__(self, envs: Mapping[str, Mapping[str, str]], log_dir: Path) -> None:
+    def __init__(self, envs: Mapping[str, Mapping[str, str]], log_dir: Path, *, templates: bool = False) -> None:
         self.envs = {role: dict(env) for role, env in envs.items()}
         self.log_dir = log_dir
         self.spares: list[Spare] = []
         self.paused_until = 0.0
+        self.use_templates = templates
+        self.templates: dict[str, Template] = {}
+        self.no_template: dict[str, str] = {}
+
+    def start_templates(self) -> None:
+        """Start the template of every role now (each imports in the background)."""
+        for role in self.envs:
+            self._template(role, start=True)
+
+    def _template(self, role: str, *, start: bool) -> Template | None:
+        """The role's live template (started when ``start`` and none runs), or ``None`` (templates
+        off, not started, or failed: then the role uses fresh spares)."""
+        if not self.use_templates or role in self.no_template:
+            return None
+        template = self.templates.get(role)
+        if template is None and start:
+            try:
+                template = self.templates[role] = Template(role, self.envs[role], self.log_dir / f"template-{role}.log",
+                                                           PRELOAD[role])
+            except OSError as err:
+                self.no_template[role] = str(err)
+                return None
+        if template is not None and not template.alive():
+            self.no_template[role] = template.failure or f"the template exited with {template.proc.returncode}"
+            template.stop()
+            del self.templates[role]
+            return None
+        return template
+
+    def _forked(self, node: str, role: str) -> Spare | None:
+        """A spare forked from the role's ready template, or ``None`` (no ready template)."""
+        template = self._template(role, start=False)
+        if template is None or not template.ready():
+            return None
+        try:
+            return Spare.fork(node, role, template, self.log_dir / f"spare-{node}-{role}.log")
+        except (OSError, ValueError) as err:
+            self.no_template[role] = f"fork failed: {err}"
+            template.stop()
+            self.templates.pop(role, None)
+            return None
+
+    def fresh(self, node: str, role: str) -> Spare | None:
+        """A spare of ``role`` for ``node`` to run a process that starts now (not kept in the pool):
+        forked from the role's template when it is ready, else ``None`` (start a fresh process)."""
+        return self._forked(node, role)
 
     def take(self, node: str, role: str) -> Spare | None:
         """Remove and return a live spare of ``role`` for ``node`` (ready ones first), or ``None``."""
@@ -151,10 +218,15 @@ class SparePool:
         self.spares.remove(spare)
         return spare
 
+    def _warming(self) -> int:
+        return sum(s.alive() and not s.ready() for s in self.spares) + \
+            sum(t.alive() and not t.ready() for t in self.templates.values())
+
     def fill(self, wanted: Iterable[tuple[str, str, int]], *, max_warming: int | None = 1) -> Spare | None:
-        """Start at most one spare towards ``wanted`` — ``(node, role, count)`` in priority order —
-        unless ``max_warming`` spares are still importing (``None``: no limit); drop dead spares and
-        spares of nodes no longer wanted. Returns the spare started, if any."""
+        """Start at most one spare (or the template it is forked from) towards ``wanted`` —
+        ``(node, role, count)`` in priority order — unless ``max_warming`` spares or templates are
+        still importing (``None``: no limit); drop dead spares and spares of nodes no longer wanted.
+        Returns the spare started, if any (``None`` also when a template was started or is importing)."""
         wanted = list(wanted)
         keep = {(n, r) for n, r, c in wanted if c > 0}
         for spare in list(self.spares):
@@ -165,14 +237,25 @@ class SparePool:
                 spare.stop()
         if time.time() < self.paused_until:
             return None
-        if max_warming is not None and sum(s.alive() and not s.ready() for s in self.spares) >= max_warming:
-            return None
         for node, role, count in wanted:
-            have = sum(1 for s in self.spares if s.node == node and s.role == role)
-            if have < count:
-                spare = Spare.start(node, role, self.envs[role], self.log_dir / f"spare-{node}-{role}.log")
-                self.spares.append(spare)
-                return spare
+            if sum(1 for s in self.spares if s.node == node and s.role == role) >= count:
+                continue
+            template = self._template(role, start=False)
+            if template is not None and template.ready():
+                spare = self._forked(node, role)
+                if spare is not None:
+                    self.spares.append(spare)
+                    return spare
+                continue  # the template failed: the next round starts fresh spares for this role
+            if max_warming is not None and self._warming() >= max_warming:
+                return None
+            if template is not None:
+                continue  # importing: forks come once it is ready
+            if self._template(role, start=True) is not None:
+                return None
+            spare = Spare.start(node, role, self.envs[role], self.log_dir / f"spare-{node}-{role}.log")
+            self.spares.append(spare)
+            return spare
         return None
 
     def warm_all(self, wanted: Iterable[tuple[str, str, int]], timeout: float = 600.0) -> None:
@@ -183,25 +266,36 @@ class SparePool:
                 ready within ``timeout`` seconds.
         """
         wanted = list(wanted)
-        while self.fill(wanted, max_warming=None) is not None:
-            pass
         deadline = time.monotonic() + timeout
-        while not all(s.ready() for s in self.spares):
+        while True:
+            while self.fill(wanted, max_warming=None) is not None:
+                pass
+            complete = all(sum(1 for s in self.spares if s.node == n and s.role == r) >= c for n, r, c in wanted)
+            if complete and all(s.ready() for s in self.spares):
+                return
             if any(not s.alive() for s in self.spares):
                 raise ClusterError(f"a spare process exited while importing; see {self.log_dir}/spare-*.log")
             if time.monotonic() > deadline:
-                raise ClusterError(f"spares not ready within {timeout:.0f} s; see {self.log_dir}/spare-*.log")
+                raise ClusterError(f"spares not ready within {timeout:.0f} s; see {self.log_dir}/spare-*.log "
+                                   f"and template-*.log")
             time.sleep(0.05)
 
     def pids(self) -> list[int]:
         """Process ids of the waiting spares."""
         return [s.proc.pid for s in self.spares if s.alive()]
 
+    def template_pids(self) -> dict[str, int]:
+        """Process ids of the live templates, by role."""
+        return {role: t.proc.pid for role, t in self.templates.items() if t.alive()}
+
     def close(self) -> None:
-        """Stop every waiting spare."""
+        """Stop every waiting spare and every template."""
         for spare in self.spares:
             spare.stop()
         self.spares.clear()
+        for template in self.templates.values():
+            template.stop()
+        self.templates.clear()
 
 
 def wanted_spares(node_of_rank: Mapping[int, str], nodes: Mapping[str, NodeState], cool_downs: Mapping[str, float], *,

@@ -161,7 +161,8 @@ class Supervisor:
         if self.options.warm_start:
             self.fleet.warm(self.layout.world_size)
             self._event(f"{len(self.fleet.pool.spares)} spares ready")
-        for rank in range(self.layout.world_size):  # fresh processes: the spares stay for failures
+        self.fleet.await_templates()  # the first ranks fork from them (fresh processes without)
+        for rank in range(self.layout.world_size):  # the spares stay for failures
             self._create_pod(rank, f"node-{rank}", spares=False)
         self._write_pids()
 
@@ -195,8 +196,9 @@ class Supervisor:
         assert self.fleet is not None
         return self.fleet.create_pod(rank, node, layout=self.layout, generation=self.generation, spares=spares)
 
-    def _spare(self, node: str, role: str):
-        return None if self.fleet is None else self.fleet.spare(node, role)
+    def _restart_trainer(self, pod: Pod) -> None:
+        assert self.fleet is not None
+        self.fleet.restart_trainer(pod)
 
     def _refill_spares(self) -> None:
         """Keep the pool full (one spare started at a time). Not before the first step, nor while a
@@ -390,7 +392,7 @@ class Supervisor:
             # came at the end) restarts too: the new generation needs every rank, and it is done at once
             if rank not in replaced and pod.exit_code("trainer") is not None:
                 started.add(rank)
-                pod.start_trainer(self._spare(pod.node, "trainer"))
+                self._restart_trainer(pod)
         record.launched_at = time.time()
         record.spares = sum(self.pods[r].trainer_from_spare for r in started)
         for old in gone:
@@ -417,7 +419,7 @@ class Supervisor:
                 continue
             pod = self.pods[rank]
             pod.kill("trainer")
-            pod.start_trainer(self._spare(pod.node, "trainer"))
+            self._restart_trainer(pod)
             rec.stragglers.append(rank)
             self._event(f"rank {rank} was stuck in generation {rec.generation - 1} {STRAGGLER_SECONDS:.1f} s "
                         f"after the plan: restarted in place")

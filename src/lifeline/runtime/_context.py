@@ -45,6 +45,7 @@ class RuntimeContext:
         watchdog: breaks this generation's gloo connections once the catalog publishes a newer
             generation, so that a collective blocked on a dead or re-planned peer raises at once
             (:mod:`lifeline.runtime._watchdog`); ``None`` without a catalog.
+        last_step: the step of the latest report that named one (``None`` before any).
     """
 
     settings: TrainerSettings
@@ -58,6 +59,7 @@ class RuntimeContext:
     join_seconds: dict[str, float] = field(default_factory=dict)
     retired: bool = False
     watchdog: Watchdog | None = field(default=None, repr=False)
+    last_step: int | None = None
     _store: Any = field(default=None, repr=False)
     _gen_store: Any = field(default=None, repr=False)
 
@@ -98,12 +100,25 @@ class RuntimeContext:
         if watchdog is not None:  # the connections init_process_group opens are this generation's
             watchdog.reset(exclude_ports=(getattr(store, "port", None), urlparse(s.redis_url or "").port or 6379))
             watchdog.mark()
-        dist.init_process_group(self.backend, store=prefixed, rank=self.rank, world_size=self.world_size,
-                                timeout=self.collective_timeout)
+        self._init_group(prefixed, generation)
         if watchdog is not None:
             watchdog.arm(generation)
         self.join_seconds = {"rendezvous": round(t1 - t0, 4), "barrier": round(t2 - t1, 4),
                              "process_group": round(time.perf_counter() - t2, 4)}
+
+    def _init_group(self, store, generation: int) -> None:
+        """``init_process_group`` of ``generation`` on ``store`` (its prefixed store).
+
+        Raises:
+            Superseded: the mesh could not connect (a peer died meanwhile: fuzz seed 606, a rank
+                refused by a peer killed during the recovery) and a newer generation came.
+            RecoveryError: it could not connect and no newer plan came in time.
+        """
+        try:
+            dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=self.collective_timeout)
+        except (dist.DistError, RuntimeError) as err:
+            self._left_behind(generation, err, "its process group could not connect")
 
     def _watchdog(self) -> Watchdog | None:
         """The context's watchdog, created on first use (``None`` without a catalog)."""
@@ -161,12 +176,24 @@ class RuntimeContext:
             # (rank 0 of the generation hosts it). That is a failure the controller answers with a newer
             # plan, so wait for it like any rank whose peer died (fuzz seed 606: exiting here made this
             # rank's exit a second failure, answered by a third plan although nothing else failed)
-            current = self._newer_than(generation, poll=0.1)
-            if current is not None:
-                raise Superseded(current) from err
-            raise RecoveryError(f"rendezvous store of generation {generation} failed ({err}) and no newer "
-                                f"plan came within {self.settings.recovery_timeout_seconds:.0f} s",
-                                job=self.job, rank=self.rank) from err
+            self._left_behind(generation, err, "its rendezvous store failed")
+
+    def _left_behind(self, generation: int, err: BaseException, what: str) -> None:
+        """A peer of ``generation`` died while this rank joined it: wait for the newer plan the
+        controller publishes for that failure.
+
+        Raises:
+            Superseded: the newer generation (join it instead).
+            RecoveryError: none came within ``LIFELINE_RECOVERY_TIMEOUT_SECONDS``.
+        """
+        # recorded: when no peer died (nothing the controller sees but this report), a failure every
+        # rank of the generation reports is answered after the collective grace, never waited out
+        self.report("failure", error=f"generation {generation}: {what}: {type(err).__name__}: {err}"[:500])
+        current = self._newer_than(generation, poll=0.1)
+        if current is not None:
+            raise Superseded(current) from err
+        raise RecoveryError(f"generation {generation}: {what} ({err}) and no newer plan came within "
+                            f"{self.settings.recovery_timeout_seconds:.0f} s", job=self.job, rank=self.rank) from err
 
     def _newer_than(self, generation: int, poll: float) -> int | None:
         """The catalog's generation once it passes ``generation``, waiting up to
@@ -283,6 +310,12 @@ class RuntimeContext:
                 return generation
             except Superseded as sup:
                 newer = self.plan(sup.generation)
+                # recorded: this rank left ``generation`` for the newer one. Unsaid, a join that waits on
+                # its peers (a restarted rank 0 hosting the store) looks like a survivor stuck in the old
+                # generation, which the runner kills mid-join; its half-registered entries then fail
+                # everyone's mesh in the new generation (fuzz seed 606 once restarts took milliseconds)
+                self.report("plan", step=self.last_step, plan_generation=sup.generation,
+                            restore_step=None if newer is None else newer.restore_step)
                 if newer is not None and Layout.from_dict(newer.layout.to_wire()) != self.layout:
                     raise
                 generation = sup.generation
@@ -293,6 +326,8 @@ class RuntimeContext:
         ``record``, store it as this rank's latest :class:`~lifeline.catalog.ProgressReport` in the
         catalog (timing-only events such as ``join`` are printed only)."""
         step = fields.pop("step", None)
+        if step is not None:
+            self.last_step = int(step)
         report = ProgressReport(event, self.job, self.rank, self.generation, round(time.time(), 4),
                                 None if step is None else int(step), fields)
         print(report.to_json(), file=sys.stdout, flush=True)

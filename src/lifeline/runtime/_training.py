@@ -273,16 +273,31 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     sparse = _sparse_windows(ctx, checkpointer, log)
     verifier = RecoveryVerifier(ctx, getattr(checkpointer, "rules", None))
     _attach(trainer, log)
-    _connect(ctx, trainer)
     restored: list[int] = []
-    plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
-    if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
-        trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse, verifier)
-        if step is not None and plan.restore_step is not None:
+    try:
+        _connect(ctx, trainer)
+        plan = ctx.plan(ctx.generation) if ctx.generation > 0 else None
+        if plan is not None and (plan.restore_step is not None or plan.action is RecoveryAction.LOCALIZED_REPLAY):
+            trainer, step = _apply(ctx, model_spec, trainer, checkpointer, plan, log, sparse, verifier)
+            if step is not None and plan.restore_step is not None:
+                restored.append(step)
+        elif plan is None and (start_step := checkpointer.latest_step()) is not None:
+            trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step, verifier), log)
+            restored.append(start_step)
+    except Exception as err:  # noqa: BLE001
+        # a peer of this generation died while this rank connected or restored (fuzz seed 606: a fresh
+        # rank's gloo mesh was refused by a peer killed during the recovery, and its exit 1 was a second
+        # failure answered by a third plan): recover like a rank that was training
+        if not is_collective_error(err):
+            raise
+        ctx.report("failure", step=trainer.step, error=f"{type(err).__name__}: {err}"[:500])
+        try:
+            trainer, step, log, sparse = _recover(ctx, model_spec, trainer, checkpointer, log, sparse, verifier)
+        except Retired as retired:
+            ctx.report("retired", step=trainer.step, plan_generation=retired.args[0], world_size=ctx.world_size)
+            return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, (), None, retired=True)
+        if step is not None:
             restored.append(step)
-    elif plan is None and (start_step := checkpointer.latest_step()) is not None:
-        trainer = _attach(_restore(ctx, model_spec, trainer, checkpointer, start_step, verifier), log)
-        restored.append(start_step)
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
                layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
     # only with a trainer that calls before_update (else the copy would race its optimizer update)
