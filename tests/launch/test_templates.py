@@ -56,7 +56,7 @@ def test_a_signal_to_a_forked_spare_is_seen_in_its_exit_status(tmp_path):
     template = _template(tmp_path)
     try:
         spare = Spare.fork("node-0", "trainer", template, tmp_path / "spare.log")
-        proc = spare.assign(ProcessSpec((sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"),
+        proc = spare.assign(ProcessSpec((sys.executable, "-c", "import signal; print('up', flush=True); signal.pause()"),
                                         _base()), tmp_path / "trainer.log")
         log = tmp_path / "trainer.log"
         wait_for(lambda: log.exists() and "up" in log.read_text(), 30, "the assignment to run", 0.01)

@@ -24,7 +24,7 @@ _EXPORTS = {
     "SparseWindows": "_sparse",
     "staged_key": "_checkpointer",
     "RuntimeContext": "_context",
-    "init": "_context",
+    "init": "_init",
     "Superseded": "_rendezvous",
     "rendezvous": "_rendezvous",
     "ModelSpec": "_training",
