@@ -77,11 +77,10 @@ class Fleet:
         """Start ``rank``'s sidecar and trainer on ``node`` (from spares when ``spares`` and one waits;
         else forked from the role's template when one is ready, else fresh processes)."""
         pod = Pod(self.rank_spec(rank, node, layout=layout, generation=generation), generation, self.log_dir)
-        for role in ("sidecar", "trainer"):
-            spare = self.spare(node, role) if spares else None
-            forked = self.pool.fresh(node, role) if spare is None else None
-            start = pod.start_sidecar if role == "sidecar" else pod.start_trainer
-            start(spare or forked, pooled=spare is not None)
+        sidecar = self.spare(node, "sidecar") if spares else None
+        pod.start_sidecar(sidecar or self.pool.fresh(node, "sidecar"))
+        trainer = self.spare(node, "trainer") if spares else None
+        pod.start_trainer(trainer or self.pool.fresh(node, "trainer"), pooled=trainer is not None)
         self.pods[rank] = pod
         return pod
 

@@ -80,10 +80,9 @@ class Pod:
                 spare.stop()
         return start_process(spec, self._log(role)), False
 
-    def start_sidecar(self, spare: Spare | None = None, *, pooled: bool = True) -> None:
+    def start_sidecar(self, spare: Spare | None = None) -> None:
         """Start the sidecar on a fresh arena directory (the pod's Memory-backed emptyDir), in
-        ``spare`` (a pre-warmed or forked process, see :mod:`lifeline.launch.spares`) when given;
-        ``pooled`` is unused here (as for :meth:`start_trainer`)."""
+        ``spare`` (a pre-warmed or forked process, see :mod:`lifeline.launch.spares`) when given."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
         self.spec.arena_dir.mkdir(parents=True, exist_ok=True)
         self.sidecar_started_at = time.time()

@@ -191,8 +191,10 @@ class SparePool:
             return None
         return template
 
-    def _forked(self, node: str, role: str) -> Spare | None:
-        """A spare forked from the role's ready template, or ``None`` (no ready template)."""
+    def fresh(self, node: str, role: str) -> Spare | None:
+        """A spare of ``role`` for ``node`` forked now from the role's template (for a process that
+        starts at once, or to fill the pool), or ``None`` when no template is ready (the caller
+        starts a fresh process)."""
         template = self._template(role, start=False)
         if template is None or not template.ready():
             return None
@@ -203,11 +205,6 @@ class SparePool:
             template.stop()
             self.templates.pop(role, None)
             return None
-
-    def fresh(self, node: str, role: str) -> Spare | None:
-        """A spare of ``role`` for ``node`` to run a process that starts now (not kept in the pool):
-        forked from the role's template when it is ready, else ``None`` (start a fresh process)."""
-        return self._forked(node, role)
 
     def take(self, node: str, role: str) -> Spare | None:
         """Remove and return a live spare of ``role`` for ``node`` (ready ones first), or ``None``."""
@@ -242,7 +239,7 @@ class SparePool:
                 continue
             template = self._template(role, start=False)
             if template is not None and template.ready():
-                spare = self._forked(node, role)
+                spare = self.fresh(node, role)
                 if spare is not None:
                     self.spares.append(spare)
                     return spare
