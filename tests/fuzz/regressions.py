@@ -62,4 +62,10 @@ REGRESSIONS: list[Regression] = [
                "generation 1 failed'), a second failure answered by a third plan (found 2026-11-27)",
                fixed="a rank whose generation's store died waits for the newer plan "
                "(tests/runtime/test_rendezvous_store.py)"),
+    Regression(193682496, 4, "pipeline 3, localized replay, persist.every 2: a sidecar kill, then a node loss "
+               "during its recovery; the second plan restored rank 0 at step 5 from the L1 copy held by rank 1's "
+               "sidecar, which had died with the first fault (its replacement was still starting): the restore "
+               "failed (exit 2) and a Rollback followed without a new fault (found 2026-11-27)",
+               fixed="publishing a plan forgets the memory copies held by the ranks whose memory it declares lost "
+               "(Catalog.put_plan, RecoveryPlan.memory_lost_ranks; tests/control/test_lost_copies.py)"),
 ]

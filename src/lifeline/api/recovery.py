@@ -212,6 +212,20 @@ class RecoveryPlan:
         """Every rank named by :attr:`failures`, ascending."""
         return tuple(sorted({r for f in self.failures for r in f.ranks}))
 
+    @property
+    def memory_lost_ranks(self) -> tuple[int, ...]:
+        """Ranks whose sidecar memory died with the failures this plan answers (a lost node, pod or
+        sidecar, and every pod the plan replaces), ascending, numbered in the layout the failures
+        happened in. Their L0 copies and the L1 copies they held are gone: the catalog forgets them when
+        the plan is published (:meth:`lifeline.catalog.Catalog.put_plan`), so a later plan never reads
+        them. Empty for a plan that answers no failure (a start, a resume or an elastic grow)."""
+        if not self.failures:
+            return ()
+        lost = {r for f in self.failures if f.kind.loses_memory for r in f.ranks}
+        if self.action is not RecoveryAction.RESHARD:  # a reshard numbers its new pods in the new layout
+            lost |= {p.rank for p in self.create_pods}
+        return tuple(sorted(lost))
+
     def source_of(self, rank: int) -> RestoreSource:
         """The source of ``rank``'s shard. Raises ``KeyError`` if the plan reads none for it."""
         for source in self.sources:

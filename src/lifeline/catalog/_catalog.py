@@ -82,6 +82,7 @@ class Catalog:
         self._persisted = self._r.register_script(_scripts.PERSISTED)
         self._spare = self._r.register_script(_scripts.SPARE)
         self._release = self._r.register_script(_scripts.RELEASE)
+        self._put_plan = self._r.register_script(_scripts.PUT_PLAN)
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -277,12 +278,27 @@ class Catalog:
         return [self._call(CorruptionReport.from_json, x) for x in self._call(self._r.lrange, self.keys.corrupt, 0, -1)]
 
     # --- generations and recovery plans --------------------------------------------------------
-    def put_plan(self, plan: RecoveryPlan) -> None:
-        """Store ``plan`` and make its generation the job's current one (atomically)."""
-        p = self._r.pipeline(transaction=True)
-        p.set(self.keys.plan(plan.generation), plan.to_json())
-        p.set(self.keys.generation, plan.generation)
-        self._call(p.execute)
+    def put_plan(self, plan: RecoveryPlan, *, recent_steps: int = 64) -> int:
+        """Store ``plan`` and make its generation the job's current one (atomically).
+
+        When the plan advances the generation, the memory holdings (``L0``/``L1``) held by
+        :attr:`RecoveryPlan.memory_lost_ranks` at the ``recent_steps`` newest steps are forgotten in
+        the same step: those copies died with the failure, and a later plan (a second failure before
+        the replaced sidecar registers) must not name one (fuzz seed 193682496). Storing the same plan
+        again (after a Redis restart) forgets nothing.
+
+        Returns:
+            How many holdings were forgotten.
+
+        Raises:
+            CatalogError: Redis unreachable.
+        """
+        lost = plan.memory_lost_ranks
+        members = [holder_member(t, r) for r in lost for t in ("L0", "L1")]
+        bound = max([self.world_size, *(s.rank + 1 for s in plan.sources), *(r + 1 for r in lost)])
+        keys = [self.keys.plan(plan.generation), self.keys.generation, self.keys.steps]
+        args = [plan.generation, plan.to_json(), self.keys.holders_prefix, bound, recent_steps, *members]
+        return int(self._call(self._put_plan, keys=keys, args=args) or 0)
 
     def plan(self, generation: int) -> RecoveryPlan | None:
         """The recovery plan of ``generation``, or ``None``.

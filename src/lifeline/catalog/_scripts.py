@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE"]
+__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN"]
 
 ADVANCE = """
 -- KEYS[1] = complete key; ARGV = step, world_size, tier, holders prefix. Returns the latest complete step.
@@ -59,3 +59,29 @@ return 1
 """
 """Forget a memory copy before it is evicted, unless its step is spared. Ordered against :data:`SPARE` by
 Redis: a copy forgotten first makes the spare fail (the planner sees it gone); a spare set first keeps it."""
+
+PUT_PLAN = """
+-- KEYS[1] = plan:<generation>, KEYS[2] = generation, KEYS[3] = steps; ARGV = generation, plan JSON,
+-- holders prefix, ranks bound, recent steps, then the members to forget (L0@<r>, L1@<r>). Returns how
+-- many holdings were forgotten. They are forgotten only when the plan advances the stored generation
+-- (or is the first plan): a plan stored again (a Redis restart, a retried write) leaves the copies that
+-- the replaced sidecars registered since untouched.
+local g = tonumber(ARGV[1])
+local cur = redis.call('GET', KEYS[2])
+local dropped = 0
+if (cur and tonumber(cur) < g) or (not cur and g == 1) then
+  local steps = redis.call('ZRANGE', KEYS[3], -tonumber(ARGV[5]), -1)
+  for _, step in ipairs(steps) do
+    for r = 0, tonumber(ARGV[4]) - 1 do
+      for i = 6, #ARGV do
+        dropped = dropped + redis.call('SREM', ARGV[3] .. step .. ':' .. r, ARGV[i])
+      end
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1])
+return dropped
+"""
+"""Store a plan and make its generation current, forgetting (atomically, before any replacement sidecar
+can register) the memory copies that died with the failures it answers."""

@@ -367,8 +367,10 @@ class Supervisor:
         self._injected_at = self._fault_estimate = None
         if plan.action is RecoveryAction.RESHARD:
             self._relayout(plan)
-        self.catalog.put_plan(plan)
+        forgotten = self.catalog.put_plan(plan)
         record.published_at = time.time()
+        if forgotten:
+            self._event(f"forgot {forgotten} memory copies that died with ranks {list(plan.memory_lost_ranks)}")
         gone = []
         for placement in plan.create_pods:
             old = self.pods.pop(placement.rank, None)

@@ -1,0 +1,100 @@
+"""Copies that died with a failure are never named by a later plan: publishing a plan forgets, in
+the real Redis catalog, the memory copies held by the ranks whose memory it declares lost, before a
+replacement sidecar registers (fuzz seed 193682496: a second failure planned while the replaced
+sidecar was still starting restored a step from a copy that had died with the first)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from lifeline.api import LayoutSpec, RecoveryAction
+from lifeline.catalog import Catalog
+from lifeline.control import (
+    ClusterState,
+    Failure,
+    FailureKind,
+    Holding,
+    JobState,
+    NodeState,
+    place_replicas,
+    plan_recovery,
+)
+
+from tests.control.test_control_plan import NOW, _spec
+
+LAYOUT = LayoutSpec(pipeline=2, data=2)
+NODES = ("n0", "n1", "n2", "n3")
+
+
+@pytest.fixture
+def catalog(redis_server):
+    cat = Catalog(redis_server.url, f"lost-{uuid.uuid4().hex[:6]}", 4)
+    try:
+        yield cat
+    finally:
+        cat.wipe()
+        cat.close()
+
+
+def _seed(catalog: Catalog) -> None:
+    """L0 and L1 (Gemini placement, n0<->n1, n2<->n3) at steps 40 and 41; L2 at 40."""
+    peers = place_replicas(NODES, 1)
+    for step in (40, 41):
+        for rank in range(4):
+            catalog.add_holding(step, rank, "L0", rank)
+            catalog.add_holding(step, rank, "L1", peers[rank][0])
+    for rank in range(4):
+        catalog.add_holding(40, rank, "L2")
+
+
+def _plan(catalog: Catalog, node_of_rank: tuple[str, ...], lost_node: str, generation: int):
+    state = JobState(
+        layout=LAYOUT, node_of_rank=node_of_rank,
+        cluster=ClusterState(tuple(NodeState(n, ready=n != lost_node) for n in (*NODES, "n4", "n5")), ()),
+        step=41, generation=generation, restarts=generation, holdings=catalog.holdings_at([40, 41]),
+        latest_complete_step=41, upstream_logs=(), stored_windows=(),
+    )
+    rank = node_of_rank.index(lost_node)
+    failure = Failure(FailureKind.NODE_LOST, (rank,), lost_node, "Ready=False")
+    return plan_recovery(state, [failure], _spec(), now=NOW)
+
+
+@pytest.mark.parametrize("lost_first, lost_second", [("n3", "n2"), ("n0", "n1"), ("n1", "n0")])
+def test_a_second_failure_never_restores_a_copy_that_died_with_the_first(catalog, lost_first, lost_second):
+    _seed(catalog)
+    first = _plan(catalog, NODES, lost_first, 0)
+    dead = NODES.index(lost_first)
+    assert first.action is RecoveryAction.REPLACE_PODS and first.memory_lost_ranks == (dead,)
+    assert catalog.put_plan(first) == 4  # L0@dead at 40, 41 and the L1 copy it held at 40, 41
+    holdings = catalog.holdings_at([40, 41])
+    assert not any(h.holder == dead for h in holdings)
+    assert {h for h in holdings if h.tier == "L2"} == Holding.complete(40, 4)
+
+    # the second failure comes before the replaced sidecar registers anything: the peer of the
+    # newly lost rank held its L1 copy in memory that died, so only L2 covers it
+    moved = tuple(p.node for p in sorted(first.create_pods))[0]
+    now_at = tuple(moved if r == dead else n for r, n in enumerate(NODES))
+    second = _plan(catalog, now_at, lost_second, 1)
+    assert second.action is RecoveryAction.ROLLBACK and second.restore_step == 40
+    assert all(s.holder != dead for s in second.sources)
+    assert second.source_of(NODES.index(lost_second)).tier == "L2"
+
+
+def test_storing_a_plan_again_keeps_what_the_replaced_sidecar_registered_since(catalog):
+    _seed(catalog)
+    first = _plan(catalog, NODES, "n3", 0)
+    assert catalog.put_plan(first) == 4
+    catalog.add_holding(41, 3, "L0", 3)  # the replacement restored step 41 and registered it
+    assert catalog.put_plan(first) == 0  # a Redis restart or a retried write: same generation
+    assert Holding(41, 3, "L0", 3) in catalog.holders(41, 3)
+    assert catalog.generation() == first.generation and catalog.plan(first.generation) == first
+
+
+def test_a_plan_answering_no_failure_forgets_nothing(catalog):
+    _seed(catalog)
+    start = _plan(catalog, NODES, "n3", 0)
+    grow = type(start)(**{**start.__dict__, "failures": ()})
+    assert grow.memory_lost_ranks == () and catalog.put_plan(grow) == 0
+    assert len(catalog.holdings_at([40, 41])) == 4 * 2 * 2 + 4
