@@ -68,4 +68,12 @@ REGRESSIONS: list[Regression] = [
                "failed (exit 2) and a Rollback followed without a new fault (found 2026-11-27)",
                fixed="publishing a plan forgets the memory copies held by the ranks whose memory it declares lost "
                "(Catalog.put_plan, RecoveryPlan.memory_lost_ranks; tests/control/test_lost_copies.py)"),
+    Regression(804, 4, "data 2, keep 2: a node loss, an L0 flip of rank 1 (both its slots, steps 1 and 2) and a hang "
+               "during the recovery: the restore found step 2's copy corrupt, the next plan named step 1's, also "
+               "corrupt, and a third plan rolled back to the initial state: one extra recovery per corrupt slot "
+               "(found 2026-11-27 by `bench fuzz --seed 800 --trials 8`)",
+               fixed="a sidecar that finds a corrupt copy verifies the rank's other copies it holds and drops "
+               "the corrupt ones before it answers (Restorer._scrub; tests/sidecar/test_sidecar.py::"
+               "test_a_corrupt_l0_copy_makes_the_sidecar_scrub_and_drop_every_corrupt_copy_of_that_rank)",
+               long=True),
 ]

@@ -12,7 +12,7 @@ import torch
 from _trainer import empty_like, identical, state_at
 from conftest import SECRET, wait_for
 
-from lifeline.errors import ArenaFullError, AuthError, ChecksumError
+from lifeline.errors import ArenaFullError, AuthError, ChecksumError, RecoveryError
 from lifeline.sidecar import _frames
 from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
@@ -47,6 +47,29 @@ def test_save_then_restore_from_l0_is_bit_identical(make_settings, sidecars):
     assert 'lifeline_sidecar_held_bytes{tier="L0"}' in body and "lifeline_sidecar_trainer_stall_seconds_bucket" in body
     sc.stop()
     assert not list(s.arena_dir.glob("slot-*.bin"))  # a stopped sidecar frees its Memory-backed arena
+
+
+def test_a_corrupt_l0_copy_makes_the_sidecar_scrub_and_drop_every_corrupt_copy_of_that_rank(
+        make_settings, sidecars, redis_server, job):
+    """Fuzz seed 804: an L0 flip had corrupted both of a rank's slots; each restore found one, so each
+    plan named the next corrupt copy (one extra recovery per slot). The first detection drops them all."""
+    s, t = make_settings(0, 1, peer_replicas=0, keep=3)
+    sc = sidecars(s)
+    cat = Catalog(redis_server.url, job, 1)
+    with SidecarClient(t) as c:
+        for step in range(3):
+            c.save(step, state_at(step, 0))
+        wait_for(lambda: c.latest_complete_step() == 2, what="step 2 complete at L0")
+        for step in (1, 2):  # bit rot in two of the three slots
+            sc.store.get("shard", step, 0).buf[200] ^= 0x01
+        with pytest.raises(RecoveryError, match="no verified copy of step 2"):
+            c.restore(step=2, into=empty_like(0))
+        assert sc.store.steps("shard", 0) == [0]  # the scrub dropped step 1's corrupt copy too
+        assert [(r.step, r.tier) for r in cat.corrupt_reports()] == [(2, "L0"), (1, "L0")]
+        assert "L0@0" not in cat.holder_names(1, 0) and "L0@0" in cat.holder_names(0, 0)
+        into = empty_like(0)
+        assert c.restore(step=0, into=into).tier == "L0" and identical(into, state_at(0, 0))
+    cat.close()
 
 
 def test_restore_takes_byte_entry_lengths_from_the_stored_shard(make_settings, sidecars):

@@ -92,6 +92,7 @@ class Restorer:
                 self.link.report_corrupt(err, "L0", f"local@{self.rank}")
                 store.remove(h)
                 errors.append(str(err))
+                self._scrub(rank)
         meta = self.link.call(catalog.meta, step, rank)
         holders = self.link.call(catalog.holders, step, rank) or frozenset()
         for k in sorted({h.holder for h in holders if h.holder is not None} - {self.rank}):
@@ -115,6 +116,28 @@ class Restorer:
                 errors.append(f"L2: {err}")
         raise RecoveryError(f"no verified copy of step {step} rank {rank}: {'; '.join(errors) or 'no holders'}",
                             job=self.job, rank=rank, step=step)
+
+    def _scrub(self, rank: int) -> int:
+        """After one of ``rank``'s copies in this sidecar failed verification, verify every other copy of
+        ``rank`` it holds (they share the arena) and drop the corrupt ones — reported, and forgotten by the
+        catalog — before the failed restore is answered, so that the plan made next cannot name one
+        (fuzz seed 804: an L0 flip of both slots cost one extra recovery per slot). Returns how many
+        were dropped. Costs one checksum pass over the rank's copies (memory bandwidth), only after a
+        detected corruption."""
+        dropped = 0
+        for step in self.memory.store.steps("shard", rank):
+            h = self.memory.store.pin("shard", step, rank)
+            if h is None:
+                continue
+            try:
+                _format.verify(h.meta, h.buf, rank=rank, step=step, tier=h.tier)
+            except ChecksumError as err:
+                self.memory.unpin(h)  # first: the removal then frees its slot or buffer
+                self.link.report_corrupt(err, h.tier, f"local@{self.rank} (scrubbed)")
+                dropped += self.memory.store.remove(h)
+            else:
+                self.memory.unpin(h)
+        return dropped
 
     def _from_peer(self, k: int, step: int, rank: int, view: memoryview) -> tuple[int, str]:
         with self.peers.connect(k) as pc:
