@@ -32,13 +32,18 @@ _CLUSTER_FIXTURES = {"devcluster": "cluster", "namespace": "cluster", "kind_clus
 _skipped: list[str] = []
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test that uses a cluster fixture carries that cluster's marker, so ``-m "not cluster and not
-    kind"`` (the fast local suite, docs/testing.md) never starts one."""
+    kind"`` (the fast local suite, docs/testing.md) never starts one. Every cluster and kind test is in
+    one ``xdist_group``: under ``-n 2 --dist loadgroup`` (pyproject.toml) one worker runs them one after
+    the other, with one dev cluster and one kind cluster at a time, while the other worker runs the rest."""
     for item in items:
         for fixture, marker in _CLUSTER_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()) and marker not in item.keywords:
                 item.add_marker(getattr(pytest.mark, marker))
+        if "cluster" in item.keywords or "kind" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 def pytest_runtest_logreport(report):

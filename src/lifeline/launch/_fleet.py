@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 import time
@@ -63,7 +65,10 @@ class Fleet:
                            LIFELINE_S3_SECRET_KEY=s.s3_secret_key)
         # deterministic injection: the trainer holds at its faults' steps until they fired
         env.update(hold_env(self.options.injections, rank, self.options.state_dir.resolve()))
-        arena = default_arena_dir(self.name, rank).with_name(f"lifeline-{self.name}-{rank}-{node}")
+        # one per run (its state directory): two runs of the same job name on one machine never share one;
+        # the name is cut so that the sidecar's socket path stays under the 108 bytes of AF_UNIX
+        run = hashlib.sha1(str(self.options.state_dir.resolve()).encode()).hexdigest()[:8]
+        arena = default_arena_dir(self.name, rank).with_name(f"lifeline-{self.name[:40]}-{rank}-{node}-{run}")
         return rank_processes(
             self.job, rank, layout=layout, generation=generation, node=node, pod_ip=node_ip(index),
             arena_dir=arena, redis_url=s.redis_url, secrets=self.secrets, persist_uri=s.persist_uri,
