@@ -194,6 +194,34 @@ def test_upstream_log_put_get_from_replica_and_gc(make_settings, sidecars):
         assert b.store.get("ulog", 3, 0, key.name) is None
 
 
+def test_log_coverage_is_recorded_once_the_entries_reached_the_peer_and_never_across_a_hole(
+        make_settings, sidecars, redis_server, job):
+    """Issue 22: a plan relies on replicated upstream-log coverage only. An entry no peer acknowledged
+    (the peer's sidecar died, its registration not yet expired) is a hole: coverage starts after it."""
+    from lifeline.catalog import LogCoverage
+
+    s0, t0 = make_settings(0, 2, peer_replicas=1)
+    s1, _ = make_settings(1, 2, peer_replicas=1, heartbeat_seconds=30)  # registered long after it died
+    a, b = sidecars(s0), sidecars(s1)
+    cat = Catalog(redis_server.url, job, 2)
+    wait_for(lambda: set(cat.sidecars()) == {0, 1}, what="both sidecars registered")
+    act = torch.arange(256, dtype=torch.float32)
+    with SidecarClient(t0) as c0:
+        b.stop()  # before any replication: step 1's entry reaches no peer
+        c0.put_log(LogKey(0, 0, 0, "fwd"), act)
+        c0.log_done(1, 1)
+        s1_new, _ = make_settings(1, 2, node="n9", ip="127.0.0.9", arena="r1-new", peer_replicas=1)
+        b_new = sidecars(s1_new)
+        wait_for(lambda: cat.sidecar(1).host == "127.0.0.9", what="the replacement peer registered")
+        for iteration in (1, 2):  # steps 2 and 3 reach it
+            c0.put_log(LogKey(iteration, 0, 0, "fwd"), act + iteration)
+        c0.log_done(1, 3)
+        wait_for(lambda: cat.log_coverage(), timeout=30, what="a coverage recorded")
+        assert cat.log_coverage() == (LogCoverage(0, 2, 3),)  # never from step 1: it has no replica
+        assert all(b_new.store.get("ulog", i, 0, LogKey(i, 0, 0, "fwd").name) is not None for i in (1, 2))
+    cat.close()
+
+
 def test_redis_restart_sidecars_reregister_and_catalog_recovers(make_settings, sidecars, job):
     from lifeline.devcluster.services import RedisServer
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from lifeline.api.recovery import RecoveryPlan
-from lifeline.catalog import Catalog, LogCoverage
+from lifeline.catalog import Catalog
 from lifeline.errors import CatalogError, LifelineError, RecoveryError
 from lifeline.runtime._verify import perturb_point
 from lifeline.sidecar.client import LogKey
@@ -60,8 +60,9 @@ class UpstreamLog:
         self.seconds += time.perf_counter() - t0
 
     def step_done(self, step: int) -> None:
-        """Step ``step`` (completed steps) is logged whole: drop entries older than ``keep_steps`` and
-        record the covered range ``first..last`` in the catalog (best effort while Redis is away)."""
+        """Step ``step`` (completed steps) is logged whole: drop entries older than ``keep_steps`` and tell
+        the sidecar the covered range ``first..last``, which it records in the catalog once the entries
+        reached its peers (a plan relies on replicated coverage only; best effort while Redis is away)."""
         self.first = step if self.first is None or step < self.first else self.first
         self.last = step if self.last is None else max(self.last, step)
         before = step - self.keep_steps  # iterations < before (steps <= before) are dropped
@@ -69,11 +70,7 @@ class UpstreamLog:
             self._client().gc_logs(before)
         if before > 0:
             self.first = max(self.first, before + 1)
-        if self.catalog is not None:
-            try:
-                self.catalog.record_log_coverage(LogCoverage(self.rank, self.first, self.last))
-            except CatalogError:
-                pass
+        self._client().log_done(self.first, self.last)
 
     def take_counts(self) -> dict[str, float]:
         """Bytes logged and seconds spent logging since the previous call (per-step reporting)."""

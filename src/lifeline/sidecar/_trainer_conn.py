@@ -9,7 +9,8 @@ Requests (control frames; see :mod:`lifeline.sidecar.client` for the trainer's s
 * ``restore {step?, rank?}`` → ``slot {slot, step, nbytes, meta, tier}`` | ``error``; then ``release {slot}``
 * ``latest`` → ``latest {step}``
 * ``log_put {key, nbytes}`` + one data frame → ``ok``; ``log_get {key, rank?}`` → ``data`` + data frame;
-  ``log_gc {before}`` → ``ok {dropped}``
+  ``log_done {first, last}`` (no reply): the log covers steps ``first..last``, recorded in the catalog
+  once its entries reached the peers; ``log_gc {before}`` → ``ok {dropped}``
 
 Plans travel pickled (pod-local, trusted peer on a 0600 socket; no tensor data inside) and are
 cached by ``plan_id`` so a steady-state save sends only small frames.
@@ -97,7 +98,7 @@ def serve_trainer(sc: Sidecar, conn: socket.socket, addr) -> None:
                 elif op == "latest":
                     step = sc.catalog_try(sc.catalog.latest_complete_step)
                     send_ctrl(conn, {"op": "latest", "step": step, "catalog": not sc.catalog_dirty})
-                elif op in ("log_put", "log_get", "log_gc"):
+                elif op in ("log_put", "log_get", "log_done", "log_gc"):
                     ulog.serve_trainer_op(sc, conn, msg)
                 else:
                     raise LifelineError(f"unknown request {op!r}")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lifeline.catalog import SidecarRegistration
+from lifeline.catalog import LogCoverage, SidecarRegistration
 from lifeline.checkpoint import ShardMetadata, Storage, blob_key, commit
 from lifeline.errors import AuthError, CatalogError, ChecksumError, ManifestError, PeerError, StorageError
 from lifeline.sidecar import _format
@@ -56,17 +56,34 @@ class PersistDue:
             self.cv.notify_all()
 
 
+@dataclass(frozen=True)
+class CoverageMark:
+    """Queued behind the upstream-log entries of steps ``<= last``: when the replicator reaches it, each
+    of them was sent to every peer or failed, and the coverage ``first..last`` (steps) is recorded in
+    the catalog from past the newest step with an entry that failed. A plan thus relies only on
+    replicated log coverage (issue 22): the trainer's sidecar may die the moment after a step, and its
+    slots and logs are then read from the peers."""
+
+    rank: int
+    first: int
+    last: int
+    kind: str = "mark"
+
+
 class Replicator:
     """Streams each sealed checkpoint (and upstream-log entry) to this rank's placement targets.
 
     Only the newest queued checkpoint is sent when several wait (older ones are superseded). A
-    target that fails is retried once on a fresh connection, then skipped for that step.
+    target that fails is retried once on a fresh connection, then skipped for that step. Upstream-log
+    coverage is recorded when a :class:`CoverageMark` is reached (in queue order).
     """
 
     def __init__(self, items: queue.Queue, memory: Memory, peers: Peers, link: CatalogLink, metrics: SidecarMetrics,
                  marks: Watermarks, stopping: threading.Event, on_change: Callable[[], None]) -> None:
         self.items, self.memory, self.peers, self.link = items, memory, peers, link
         self.metrics, self.marks, self.stopping, self.on_change = metrics, marks, stopping, on_change
+        self.hole = 0
+        """The newest step with an upstream-log entry not sent to every peer (0: none)."""
 
     def run(self) -> None:
         conns: dict[int, PeerClient] = {}
@@ -89,14 +106,24 @@ class Replicator:
             for old in shards[:-1]:
                 self.memory.unpin(old)
             for item in [x for x in batch if x.kind != "shard"] + shards[-1:]:
+                if isinstance(item, CoverageMark):
+                    self._cover(item)
+                    continue
                 try:
-                    self._one(item, conns)
+                    if not self._one(item, conns) and item.kind == "ulog":
+                        self.hole = max(self.hole, item.step + 1)  # iteration i is step i + 1
                 finally:
                     self.memory.unpin(item)
         for c in conns.values():
             c.close()
 
-    def _one(self, h: Holding, conns: dict[int, PeerClient]) -> None:
+    def _cover(self, mark: CoverageMark) -> None:
+        first = max(mark.first, self.hole + 1)
+        if first <= mark.last:
+            self.link.call(self.link.catalog.record_log_coverage, LogCoverage(mark.rank, first, mark.last))
+
+    def _one(self, h: Holding, conns: dict[int, PeerClient]) -> bool:
+        """Send ``h`` to every target; ``True`` when each acknowledged it."""
         while not self.stopping.is_set():
             try:
                 targets = self.peers.targets()
@@ -104,9 +131,9 @@ class Replicator:
             except (PeerError, CatalogError) as err:
                 log.debug("replication of step %d waits: %s", h.step, err)
                 if h.evicted or self.stopping.wait(0.2):
-                    return
+                    return False
         else:
-            return
+            return False
         ok = 0
         for t in targets:
             for attempt in (1, 2):
@@ -135,6 +162,7 @@ class Replicator:
             if self.link.required_tier == "L1":
                 self.link.advance(h.step)
         self.on_change()
+        return ok == len(targets)
 
 
 class Persister:

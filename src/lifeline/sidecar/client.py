@@ -365,6 +365,20 @@ class SidecarClient:
         recv_data_into(self._sock, memoryview(out))
         return out
 
+    def log_done(self, first: int, last: int) -> None:
+        """This rank's upstream log now covers steps ``first..last`` (completed steps). No reply: the
+        sidecar records the coverage in the catalog once every entry logged before this call reached
+        the peers (only from past an entry that could not be sent), so a plan relies on replicated
+        coverage only.
+
+        Raises:
+            SidecarError: the sidecar connection is gone.
+        """
+        try:
+            send_ctrl(self._sock, {"op": "log_done", "first": int(first), "last": int(last)})
+        except OSError as err:
+            raise SidecarError(f"lost the sidecar during log_done: {err}", rank=self.rank) from err
+
     def gc_logs(self, before: int) -> int:
         """Drop every upstream-log entry of iterations < ``before`` held by this sidecar; returns the count."""
         return int(self._call({"op": "log_gc", "before": before}, "log_gc")["dropped"])

@@ -18,11 +18,13 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from lifeline.catalog import LogCoverage
 from lifeline.checkpoint import read_window_slot
 from lifeline.control import place_replicas
 from lifeline.errors import ChecksumError, LifelineError, PeerError
 from lifeline.sidecar._frames import crc32c, recv_data_into, send_ctrl, send_data
 from lifeline.sidecar._logkey import LogKey
+from lifeline.sidecar._workers import CoverageMark
 from lifeline.sidecar.store import Holding
 
 if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
@@ -34,7 +36,7 @@ log = logging.getLogger("lifeline.sidecar.ulog")
 
 
 def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
-    """Serve ``log_put`` / ``log_get`` / ``log_gc`` from the trainer connection."""
+    """Serve ``log_put`` / ``log_get`` / ``log_done`` / ``log_gc`` from the trainer connection."""
     op = msg["op"]
     if op == "log_put":
         key = LogKey.from_dict(msg["key"])
@@ -62,6 +64,12 @@ def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
         buf, meta = _find(sc, key, rank)
         send_ctrl(conn, {"op": "data", "nbytes": len(buf), "meta": meta})
         send_data(conn, buf)
+    elif op == "log_done":  # no reply: the trainer goes on with its next step
+        mark = CoverageMark(sc.rank, int(msg["first"]), int(msg["last"]))
+        if sc.s.peer_replicas > 0:
+            sc.repl_q.put(mark)  # recorded once the entries queued before it were sent to the peers
+        else:
+            sc.link.call(sc.catalog.record_log_coverage, LogCoverage(mark.rank, mark.first, mark.last))
     elif op == "log_gc":
         before = int(msg["before"])
         dropped = 0
