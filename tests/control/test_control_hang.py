@@ -101,34 +101,3 @@ def test_a_failure_while_no_sidecar_is_registered_waits_for_them_to_register_aga
     assert [(f.kind, f.ranks) for f in waiting.failures] == [(FailureKind.TRAINER_CRASH, (1,))]
     assert decide(spec, record, emptied, now=T + 61).plan is not None, "bounded by the start-up grace"
     assert decide(spec, record, ok, now=T + 5).plan is not None, "registered again: planned"
-
-
-def test_a_survivor_frozen_after_reading_the_plan_is_a_hang_once_every_restarted_rank_spoke():
-    """The restarted rank's ``init`` report (recorded before it waits on its peers) ends its start-up
-    grace: the survivor that read the plan and froze is found by the hang timeout (chaos test
-    ``minio:...``, ``sidecar:rank=1``, ``hang:rank=0:when=recovery``: 120 s before)."""
-    spec = _spec()
-    record = Record(phase="Recovering", generation=1, acted_at=T)
-    plan_read = [ProgressReport("plan", "j", r, 0, T + 0.2, 6) for r in (0, 1, 2)]
-    started = ProgressReport("init", "j", 3, 1, T + 2, 5)
-    observed = _observed({}, 1)
-    with_init = dataclasses.replace(observed, catalog=dataclasses.replace(
-        observed.catalog, progress=Progress.of([*plan_read, started], 1)))
-    assert not _hang(decide(spec, record, with_init, now=T + 2 + 7.9))
-    assert _hang(decide(spec, record, with_init, now=T + 2 + 8.1))
-    without = dataclasses.replace(observed, catalog=dataclasses.replace(
-        observed.catalog, progress=Progress.of(plan_read, 1)))
-    assert not decide(spec, record, without, now=T + 30).failures  # rank 3 still starting: the grace
-
-
-def test_no_hang_clock_runs_before_every_rank_of_the_first_start_reported():
-    spec, record = _spec(), Record(phase="Running")
-    reports = [ProgressReport("init", "j", r, 0, T, 0) for r in range(3)]  # rank 3 still importing
-    observed = _observed({}, 0)
-    some = dataclasses.replace(observed, catalog=dataclasses.replace(observed.catalog,
-                                                                     progress=Progress.of(reports, 0)))
-    assert not decide(spec, record, some, now=T + 100).failures
-    every = dataclasses.replace(observed, catalog=dataclasses.replace(
-        observed.catalog, progress=Progress.of([*reports, ProgressReport("init", "j", 3, 0, T + 1, 0)], 0)))
-    assert not _hang(decide(spec, record, every, now=T + 1 + 7.9))
-    assert _hang(decide(spec, record, every, now=T + 1 + 8.1))

@@ -100,17 +100,3 @@ def test_a_stale_address_is_read_again_until_the_live_rank_zero_publishes(redis_
     assert "store" in got, "rank 1 never connected to the live rank 0's store"
     got["store"].set("hello", "world")
     assert master.get("hello") == b"world"
-
-
-def test_a_rank_waiting_for_its_peers_has_recorded_its_init_and_restore_step(redis_server):
-    """The engine hears a started rank before its peers join: a peer frozen meanwhile is a hang after
-    hangTimeoutSeconds, not after the start-up grace (tests/control/test_control_hang.py)."""
-    job = job_name("rdzv")
-    catalog = Catalog(redis_server.url, job, 2)
-    catalog.put_plan(RecoveryPlan.restore_all(3, 7, LayoutSpec(data=2)))
-    settings = TrainerSettings.load(job=job, rank=1, world_size=2, secret=SECRET, redis_url=redis_server.url,
-                                    rendezvous_timeout_seconds=0.3)
-    with pytest.raises(RecoveryError):
-        init(settings)  # rank 0 never comes
-    report = catalog.progress()[1]
-    assert (report.event, report.generation, report.step) == ("init", 3, 7)

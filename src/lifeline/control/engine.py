@@ -23,10 +23,7 @@ Rules, in order:
      the plan (trainers it restarted, still starting) get ``startupGraceSeconds`` from the plan first,
      as a starting sidecar does (a liveness probe's initial delay); past it, a rank whose pod is
      Ready but which still said nothing is frozen (``TrainerSilent``: restarted in its pod while its
-     sidecar heartbeats and the runner can, else its pod is replaced). A started trainer speaks
-     (its ``init`` report) before it waits on its peers, so a survivor frozen during a recovery while
-     every restarted rank is up is found after ``hangTimeoutSeconds``, not the grace. Before the
-     first recovery, no clock runs while some rank never reported (the job is still starting).
+     sidecar heartbeats and the runner can, else its pod is replaced).
 
    :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
@@ -305,9 +302,7 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
         return []
     signals = _silent_sidecars(spec, observed.sidecars, facts.registered, now)
     progress = facts.progress
-    starting = record.acted_at is None and progress.silent_since(0.0, world)
-    if record.phase in ("Running", "Recovering") and progress.last_time is not None and not starting:
-        # (the job's first start: ranks that never reported are still starting, as before any report)
+    if record.phase in ("Running", "Recovering") and progress.last_time is not None:
         since = max(progress.last_time, record.acted_at or 0.0)
         rec = spec.recovery
         silent = progress.silent_since(record.acted_at, world) \

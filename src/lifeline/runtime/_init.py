@@ -56,14 +56,9 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
                          generation=0, backend=backend, catalog=catalog)
     generation = settings.generation if settings.generation is not None else ctx.current_generation()
     ctx.generation = generation
-    reported = False
+    ctx.report("init", record=False)
     while True:
         plan = ctx.plan(generation) if generation > 0 else None
-        if not reported:  # recorded: a started rank speaks before it waits on its peers, so a peer frozen
-            reported = True  # meanwhile is found by the hang timeout, not after the start-up grace
-            restoring = plan is None or ctx.rank in plan.restore_ranks
-            step = (0 if plan is None else plan.restore_step or 0) if restoring else None
-            ctx.report("init", step=step)  # the step its state is at once it restores (0: initial state)
         if not ctx.adopt(plan):  # a kept pod's trainer restarted after a reshard that has no place for its rank
             ctx.retired = True
             ctx.report("retired", world_size=plan.layout.world_size if plan is not None else None)
