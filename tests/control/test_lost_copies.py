@@ -98,3 +98,67 @@ def test_a_plan_answering_no_failure_forgets_nothing(catalog):
     grow = type(start)(**{**start.__dict__, "failures": ()})
     assert grow.memory_lost_ranks == () and catalog.put_plan(grow) == 0
     assert len(catalog.holdings_at([40, 41])) == 4 * 2 * 2 + 4
+
+
+def test_each_sidecar_s_copies_are_indexed_and_the_index_follows_every_write(catalog):
+    """``held:<h>`` lists exactly what the holders sets say rank h's sidecar holds, after adds, a
+    release, a removal, a forgotten step and a stale incarnation dropped."""
+    _seed(catalog)
+    peers = place_replicas(NODES, 1)
+    owner = peers[1][0]  # the rank whose sidecar holds rank 1's L1 copies
+
+    def from_sets(h: int) -> set:
+        return {(x.step, x.rank, x.tier) for x in catalog.holdings_at(catalog.steps()) if x.holder == h}
+
+    for h in range(4):
+        assert set(catalog.held_by(h)) == from_sets(h) == {(s, r, t) for s in (40, 41) for r, t in
+                                                            ((h, "L0"), (_l1_of(peers, h), "L1"))}
+    assert catalog.release_holding(40, 1, "L1", owner)
+    catalog.remove_holding(41, 2, "L0", 2)
+    catalog.add_holding(42, 0, "L0", 0)
+    catalog.forget_step(42, range(4))
+    for h in range(4):
+        assert set(catalog.held_by(h)) == from_sets(h)
+    assert (40, 1, "L1") not in catalog.held_by(owner) and (41, 2, "L0") not in catalog.held_by(2)
+    assert not any(s == 42 for s, _, _ in catalog.held_by(0))
+
+    # a restarted sidecar of rank 0 holds only its own step 41: (40, 0, L0) and (41, 1, L1) died with its
+    # earlier self ((40, 1, L1) was released above)
+    assert owner == 0 and catalog.drop_stale(0, [(41, 0, "L0")]) == 2
+    assert catalog.held_by(0) == [(41, 0, "L0")] == sorted(from_sets(0))
+
+
+def test_a_lost_rank_s_copies_are_forgotten_at_the_cost_of_what_it_held(catalog, redis_server):
+    """A plan for a lost rank among 1,000 at 64 steps reads that rank's index, not 64 x 1,000 keys:
+    Redis counts the commands the script ran (INFO commandstats), which must stay near the copies held."""
+    import redis
+
+    big = Catalog(redis_server.url, f"big-{uuid.uuid4().hex[:6]}", 1000)
+    admin = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        p = big._r.pipeline(transaction=False)
+        for step in range(64):  # rank 3's sidecar holds its own L0 copy and rank 4's L1 copy
+            for rank, tier in ((3, "L0"), (4, "L1")):
+                p.sadd(big.keys.holders(step, rank), f"{tier}@3")
+                p.zadd(big.keys.held(3), {f"{step}:{rank}:{tier}": step})
+            p.zadd(big.keys.steps, {str(step): step})
+        p.execute()
+        plan = _plan(catalog, NODES, "n3", 0)
+        assert plan.memory_lost_ranks == (3,)
+        before = _srem_calls(admin)
+        assert big.put_plan(plan) == 128
+        assert _srem_calls(admin) - before == 128  # one per copy rank 7 held, none for the other ranks
+        assert big.held_by(3) == [] and not big.holdings_at(range(64))
+    finally:
+        big.wipe()
+        big.close()
+        admin.close()
+
+
+def _l1_of(peers, holder: int) -> int:
+    """The rank whose L1 copies ``holder`` keeps (the Gemini placement pairs the nodes)."""
+    return next(r for r, ps in peers.items() if ps[0] == holder)
+
+
+def _srem_calls(admin) -> int:
+    return int(admin.info("commandstats").get("cmdstat_srem", {}).get("calls", 0))

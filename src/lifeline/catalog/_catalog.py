@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -13,7 +13,8 @@ import redis
 from lifeline.api.recovery import TIERS, Holding, RecoveryPlan, Tier
 from lifeline.catalog import _scripts
 from lifeline.catalog._acl import job_acl_rules, job_user
-from lifeline.catalog._keys import Keys, holder_member, parse_member
+from lifeline.catalog._holdings import _Holdings
+from lifeline.catalog._keys import Keys
 from lifeline.catalog.documents import (
     CorruptionReport,
     LogCoverage,
@@ -51,7 +52,7 @@ class CatalogView:
     windows: tuple[PersistedWindows, ...] = ()
 
 
-class Catalog:
+class Catalog(_Holdings):
     """A typed client of one job's catalog keys (:mod:`lifeline.catalog._keys` lists them).
 
     Args:
@@ -80,8 +81,7 @@ class Catalog:
         )
         self._advance = self._r.register_script(_scripts.ADVANCE)
         self._persisted = self._r.register_script(_scripts.PERSISTED)
-        self._spare = self._r.register_script(_scripts.SPARE)
-        self._release = self._r.register_script(_scripts.RELEASE)
+        self._register_holding_scripts()
         self._put_plan = self._r.register_script(_scripts.PUT_PLAN)
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -121,120 +121,6 @@ class Catalog:
         """Every live registration, by rank."""
         raw = self._call(self._r.mget, [self.keys.sidecar(r) for r in range(self.world_size)])
         return {r: self._call(SidecarRegistration.from_json, v) for r, v in enumerate(raw) if v}
-
-    # --- holdings ------------------------------------------------------------------------------
-    def add_holding(self, step: int, rank: int, tier: Tier, holder: int | None = None,
-                    meta_json: str | None = None) -> None:
-        """Record a verified copy of (step, rank) at ``tier`` held by rank ``holder``'s sidecar
-        (``None`` for L2), with the shard's metadata JSON when given."""
-        p = self._r.pipeline(transaction=True)
-        if meta_json is not None:
-            p.set(self.keys.meta(step, rank), meta_json)
-        p.sadd(self.keys.holders(step, rank), holder_member(tier, holder))
-        p.zadd(self.keys.steps, {str(step): step})
-        self._call(p.execute)
-
-    def remove_holding(self, step: int, rank: int, tier: Tier, holder: int | None = None) -> None:
-        """Forget a copy of (step, rank) (evicted or found corrupt)."""
-        self._call(self._r.srem, self.keys.holders(step, rank), holder_member(tier, holder))
-
-    def release_holding(self, step: int, rank: int, tier: Tier, holder: int) -> bool:
-        """Forget ``holder``'s memory copy of (step, rank) before its sidecar evicts it, unless the step is
-        spared (:meth:`spare`): ``True`` when forgotten (evict it), ``False`` when spared (keep it)."""
-        keys = [self.keys.spared, self.keys.holders(step, rank)]
-        return bool(self._call(self._release, keys=keys, args=[step, holder_member(tier, holder)]))
-
-    def spare(self, plan: RecoveryPlan, ttl_seconds: float) -> bool:
-        """Keep ``plan.restore_step`` in every sidecar's memory for ``ttl_seconds`` (or until
-        :meth:`unspare`), atomically with the check that each memory copy the plan names
-        (``plan.sources`` at L0/L1) is still recorded. ``False`` (nothing set) when one was evicted since
-        the plan was made: plan again from the current holdings. Used before publishing a plan the
-        trainers read while they go on saving (an elastic grow), so its step outlives the ``keep`` newest.
-
-        Raises:
-            CatalogError: the plan has no restore step, or Redis unreachable.
-        """
-        if plan.restore_step is None:
-            raise CatalogError("a plan without a restore step has nothing to spare", job=self.job)
-        args: list[object] = [plan.restore_step, max(1, int(ttl_seconds * 1000))]
-        for src in plan.sources:
-            if src.tier != "L2":
-                args += [self.keys.holders(plan.restore_step, src.rank), holder_member(src.tier, src.holder)]
-        return bool(self._call(self._spare, keys=[self.keys.spared], args=args))
-
-    def unspare(self) -> None:
-        """Let the sidecars evict the spared step again (its plan's restore is done)."""
-        self._call(self._r.delete, self.keys.spared)
-
-    def spared_step(self) -> int | None:
-        """The step spared in memory (:meth:`spare`), or ``None``."""
-        raw = self._call(self._r.get, self.keys.spared)
-        return int(raw) if raw is not None else None
-
-    def drop_stale(self, holder: int, held: Iterable[tuple[int, int, Tier]], *, recent_steps: int = 64) -> int:
-        """Forget the memory holdings (``L0``/``L1``) recorded for ``holder``'s sidecar at the
-        ``recent_steps`` newest steps that it does not hold (``held``: its ``(step, rank, tier)``):
-        left by an earlier incarnation of that sidecar (a lost pod, a restarted process) whose memory
-        died with it. Returns how many were dropped."""
-        keep = {(s, r, holder_member(t, holder)) for s, r, t in held}
-        steps = [int(x) for x in self._call(self._r.zrange, self.keys.steps, -recent_steps, -1)] \
-            if recent_steps > 0 else []
-        members = [holder_member("L0", holder), holder_member("L1", holder)]
-        p = self._r.pipeline(transaction=False)
-        drop = [(s, r, m) for s in steps for r in range(self.world_size) for m in members if (s, r, m) not in keep]
-        for s, r, m in drop:
-            p.srem(self.keys.holders(s, r), m)
-        return int(sum(self._call(p.execute) or [])) if drop else 0
-
-    def holders(self, step: int, rank: int) -> frozenset[Holding]:
-        """The recorded copies of (step, rank)."""
-        return self._holdings_from({(step, rank): self._call(self._r.smembers, self.keys.holders(step, rank))})
-
-    def holder_names(self, step: int, rank: int) -> frozenset[str]:
-        """The recorded copies of (step, rank) in their stored form (``L0@<r>``, ``L1@<r>``, ``L2``),
-        for inspection and logs."""
-        return frozenset(holder_member(h.tier, h.holder) for h in self.holders(step, rank))
-
-    def holdings_at(self, steps: Iterable[int]) -> frozenset[Holding]:
-        """Every recorded copy of every rank's shard at ``steps`` (one pipelined round trip)."""
-        pairs = [(s, r) for s in steps for r in range(self.world_size)]
-        if not pairs:
-            return frozenset()
-        p = self._r.pipeline(transaction=False)
-        for s, r in pairs:
-            p.smembers(self.keys.holders(s, r))
-        return self._holdings_from(dict(zip(pairs, self._call(p.execute))))
-
-    def _holdings_from(self, members: dict[tuple[int, int], Iterable[str]]) -> frozenset[Holding]:
-        out = set()
-        for (step, rank), found in members.items():
-            for m in found:
-                parsed = parse_member(m)
-                if parsed is not None and (parsed[1] is None or parsed[1] < self.world_size):
-                    out.add(Holding(step, rank, *parsed))
-        return frozenset(out)
-
-    def meta(self, step: int, rank: int) -> str | None:
-        """The ``ShardMetadata`` JSON of (step, rank), or ``None`` when unknown."""
-        return self._call(self._r.get, self.keys.meta(step, rank))
-
-    def metas(self, step: int, world_size: int | None = None) -> list[str | None]:
-        """The metadata JSON of every rank at step (``None`` where unknown); ``world_size`` ranks of the
-        layout the step was saved in (default: the catalog's, which an elastic reshard changes)."""
-        n = self.world_size if world_size is None else world_size
-        return self._call(self._r.mget, [self.keys.meta(step, r) for r in range(n)])
-
-    def steps(self) -> list[int]:
-        """Every step with any recorded holding, ascending."""
-        return [int(s) for s in self._call(self._r.zrange, self.keys.steps, 0, -1)]
-
-    def forget_step(self, step: int, ranks: Iterable[int]) -> None:
-        """Drop every key of step (after garbage collection of all copies)."""
-        ranks = list(ranks)
-        p = self._r.pipeline(transaction=True)
-        p.delete(*[self.keys.holders(step, r) for r in ranks], *[self.keys.meta(step, r) for r in ranks])
-        p.zrem(self.keys.steps, str(step))
-        self._call(p.execute)
 
     # --- the latest complete step, persistence -------------------------------------------------
     def try_advance(self, step: int, tier: Tier) -> int:
@@ -278,14 +164,14 @@ class Catalog:
         return [self._call(CorruptionReport.from_json, x) for x in self._call(self._r.lrange, self.keys.corrupt, 0, -1)]
 
     # --- generations and recovery plans --------------------------------------------------------
-    def put_plan(self, plan: RecoveryPlan, *, recent_steps: int = 64) -> int:
+    def put_plan(self, plan: RecoveryPlan) -> int:
         """Store ``plan`` and make its generation the job's current one (atomically).
 
-        When the plan advances the generation, the memory holdings (``L0``/``L1``) held by
-        :attr:`RecoveryPlan.memory_lost_ranks` at the ``recent_steps`` newest steps are forgotten in
-        the same step: those copies died with the failure, and a later plan (a second failure before
-        the replaced sidecar registers) must not name one (fuzz seed 193682496). Storing the same plan
-        again (after a Redis restart) forgets nothing.
+        When the plan advances the generation, the memory holdings (``L0``/``L1``) held by the sidecars
+        of :attr:`RecoveryPlan.memory_lost_ranks` are forgotten in the same step (read from each one's
+        reverse index ``held:<rank>``, so the cost is the copies they held): those copies died with the
+        failure, and a later plan (a second failure before the replaced sidecar registers) must not
+        name one (fuzz seed 193682496). Storing the same plan again (after a Redis restart) forgets nothing.
 
         Returns:
             How many holdings were forgotten.
@@ -293,11 +179,9 @@ class Catalog:
         Raises:
             CatalogError: Redis unreachable.
         """
-        lost = plan.memory_lost_ranks
-        members = [holder_member(t, r) for r in lost for t in ("L0", "L1")]
-        bound = max([self.world_size, *(s.rank + 1 for s in plan.sources), *(r + 1 for r in lost)])
-        keys = [self.keys.plan(plan.generation), self.keys.generation, self.keys.steps]
-        args = [plan.generation, plan.to_json(), self.keys.holders_prefix, bound, recent_steps, *members]
+        keys = [self.keys.plan(plan.generation), self.keys.generation]
+        args = [plan.generation, plan.to_json(), self.keys.holders_prefix, self.keys.held_prefix,
+                *plan.memory_lost_ranks]
         return int(self._call(self._put_plan, keys=keys, args=args) or 0)
 
     def plan(self, generation: int) -> RecoveryPlan | None:

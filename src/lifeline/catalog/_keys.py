@@ -7,6 +7,9 @@ All keys are namespaced ``lifeline:<job>:``:
                                heartbeat TTL unless refreshed (the registration *is* the heartbeat)
 ``holders:<step>:<rank>``      set of holdings of rank's shard at step: ``L0@<r>``, ``L1@<r>``
                                (held by rank r's sidecar) or ``L2`` (persisted object)
+``held:<h>``                   sorted set of ``<step>:<rank>:<tier>`` (score: step), the memory copies
+                               rank h's sidecar holds: the reverse index of ``holders`` (forgetting a
+                               dead sidecar's copies reads it, not every step x rank)
 ``meta:<step>:<rank>``         the shard's ``ShardMetadata`` JSON (checksums of every chunk)
 ``steps``                      sorted set of steps with any holding
 ``complete``                   the job's latest complete step (advanced only by a Lua script)
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 from lifeline.api.recovery import Tier
 
-__all__ = ["Keys", "holder_member", "parse_member"]
+__all__ = ["Keys", "held_entry", "holder_member", "parse_held_entry", "parse_member"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,14 @@ class Keys:
     def holders_prefix(self) -> str:
         """What the Lua script appends ``<step>:<rank>`` to."""
         return f"{self.prefix}holders:"
+
+    def held(self, holder: int) -> str:
+        return f"{self.prefix}held:{holder}"
+
+    @property
+    def held_prefix(self) -> str:
+        """What the Lua script appends ``<holder>`` to."""
+        return f"{self.prefix}held:"
 
     def meta(self, step: int, rank: int) -> str:
         return f"{self.prefix}meta:{step}:{rank}"
@@ -109,3 +120,16 @@ def parse_member(member: str) -> tuple[Tier, int | None] | None:
     if tier in ("L0", "L1") and holder.isdigit():
         return tier, int(holder)  # type: ignore[return-value]
     return None
+
+
+def held_entry(step: int, rank: int, tier: Tier) -> str:
+    """The member of ``held:<holder>`` recording the holder's copy of (step, rank): ``<step>:<rank>:<tier>``."""
+    return f"{step}:{rank}:{tier}"
+
+
+def parse_held_entry(entry: str) -> tuple[int, int, Tier] | None:
+    """``(step, rank, tier)`` of a :func:`held_entry`; ``None`` for a malformed one (ignored)."""
+    parts = entry.split(":")
+    if len(parts) != 3 or parts[2] not in ("L0", "L1") or not all(x.lstrip("-").isdigit() for x in parts[:2]):
+        return None
+    return int(parts[0]), int(parts[1]), parts[2]  # type: ignore[return-value]

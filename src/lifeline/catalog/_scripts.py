@@ -51,32 +51,35 @@ return 1
 """Spare a step in sidecar memory when every copy a plan reads is still recorded (one atomic check-and-set)."""
 
 RELEASE = """
--- KEYS[1] = spared, KEYS[2] = holders:<step>:<rank>; ARGV = step, member. 1: forgotten (the sidecar may
--- evict it); 0: the step is spared (the sidecar keeps it).
+-- KEYS[1] = spared, KEYS[2] = holders:<step>:<rank>, KEYS[3] = held:<holder>; ARGV = step, member, index
+-- entry. 1: forgotten (the sidecar may evict it); 0: the step is spared (the sidecar keeps it).
 if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
 redis.call('SREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[3])
 return 1
 """
 """Forget a memory copy before it is evicted, unless its step is spared. Ordered against :data:`SPARE` by
 Redis: a copy forgotten first makes the spare fail (the planner sees it gone); a spare set first keeps it."""
 
 PUT_PLAN = """
--- KEYS[1] = plan:<generation>, KEYS[2] = generation, KEYS[3] = steps; ARGV = generation, plan JSON,
--- holders prefix, ranks bound, recent steps, then the members to forget (L0@<r>, L1@<r>). Returns how
--- many holdings were forgotten. They are forgotten only when the plan advances the stored generation
--- (or is the first plan): a plan stored again (a Redis restart, a retried write) leaves the copies that
--- the replaced sidecars registered since untouched.
+-- KEYS[1] = plan:<generation>, KEYS[2] = generation; ARGV = generation, plan JSON, holders prefix, held
+-- prefix, then the ranks whose sidecars' memory died. Returns how many holdings were forgotten. They are
+-- forgotten only when the plan advances the stored generation (or is the first plan): a plan stored again
+-- (a Redis restart, a retried write) leaves the copies that the replaced sidecars registered since
+-- untouched. Each dead sidecar's copies are read from its reverse index held:<h> (O(copies it held)).
 local g = tonumber(ARGV[1])
 local cur = redis.call('GET', KEYS[2])
 local dropped = 0
 if (cur and tonumber(cur) < g) or (not cur and g == 1) then
-  local steps = redis.call('ZRANGE', KEYS[3], -tonumber(ARGV[5]), -1)
-  for _, step in ipairs(steps) do
-    for r = 0, tonumber(ARGV[4]) - 1 do
-      for i = 6, #ARGV do
-        dropped = dropped + redis.call('SREM', ARGV[3] .. step .. ':' .. r, ARGV[i])
+  for i = 5, #ARGV do
+    local held = ARGV[4] .. ARGV[i]
+    for _, entry in ipairs(redis.call('ZRANGE', held, 0, -1)) do
+      local step, rank, tier = string.match(entry, '^(-?%d+):(%d+):(L[01])$')
+      if step then
+        dropped = dropped + redis.call('SREM', ARGV[3] .. step .. ':' .. rank, tier .. '@' .. ARGV[i])
       end
     end
+    redis.call('DEL', held)
   end
 end
 redis.call('SET', KEYS[1], ARGV[2])
