@@ -101,8 +101,8 @@ def test_a_plan_answering_no_failure_forgets_nothing(catalog):
 
 
 def test_each_sidecar_s_copies_are_indexed_and_the_index_follows_every_write(catalog):
-    """``held:<h>`` lists exactly what the holders sets say rank h's sidecar holds, after adds, a
-    release, a removal, a forgotten step and a stale incarnation dropped."""
+    """``held:<h>`` lists exactly what the holders sets say rank h's sidecar holds, after adds,
+    releases, a removal and a stale incarnation dropped."""
     _seed(catalog)
     peers = place_replicas(NODES, 1)
     owner = peers[1][0]  # the rank whose sidecar holds rank 1's L1 copies
@@ -115,8 +115,8 @@ def test_each_sidecar_s_copies_are_indexed_and_the_index_follows_every_write(cat
                                                             ((h, "L0"), (_l1_of(peers, h), "L1"))}
     assert catalog.release_holding(40, 1, "L1", owner)
     catalog.remove_holding(41, 2, "L0", 2)
-    catalog.add_holding(42, 0, "L0", 0)
-    catalog.forget_step(42, range(4))
+    catalog.add_holding(42, 0, "L0", 0, "{}")
+    assert catalog.release_holding(42, 0, "L0", 0)
     for h in range(4):
         assert set(catalog.held_by(h)) == from_sets(h)
     assert (40, 1, "L1") not in catalog.held_by(owner) and (41, 2, "L0") not in catalog.held_by(2)

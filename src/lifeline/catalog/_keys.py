@@ -11,7 +11,10 @@ All keys are namespaced ``lifeline:<job>:``:
                                rank h's sidecar holds: the reverse index of ``holders`` (forgetting a
                                dead sidecar's copies reads it, not every step x rank)
 ``meta:<step>:<rank>``         the shard's ``ShardMetadata`` JSON (checksums of every chunk)
-``steps``                      sorted set of steps with any holding
+``filed:<step>``               set of the ranks whose metadata of step is filed (what pruning deletes)
+``steps``                      sorted set of steps with any holding (pruned past a horizon once no
+                               copy of a step is left: ``Catalog.prune``)
+``pruned``                     the newest step pruning has examined
 ``complete``                   the job's latest complete step (advanced only by a Lua script)
 ``persisted:<step>``           set of ranks whose blob is in L2; ``commit:<step>`` the rank committing it
 ``corrupt``                    list of :class:`~lifeline.catalog.CorruptionReport` JSON
@@ -86,7 +89,11 @@ class Keys:
     def rendezvous(self, generation: int) -> str:
         return f"{self.prefix}rdzv:{generation}"
 
+    def filed(self, step: int) -> str:
+        return f"{self.prefix}filed:{step}"
+
     steps = property(lambda self: f"{self.prefix}steps")
+    pruned = property(lambda self: f"{self.prefix}pruned")
     complete = property(lambda self: f"{self.prefix}complete")
     corrupt = property(lambda self: f"{self.prefix}corrupt")
     generation = property(lambda self: f"{self.prefix}generation")

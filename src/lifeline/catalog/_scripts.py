@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN"]
+__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "PRUNE"]
 
 ADVANCE = """
 -- KEYS[1] = complete key; ARGV = step, world_size, tier, holders prefix. Returns the latest complete step.
@@ -88,3 +88,36 @@ return dropped
 """
 """Store a plan and make its generation current, forgetting (atomically, before any replacement sidecar
 can register) the memory copies that died with the failures it answers."""
+
+PRUNE = """
+-- KEYS[1] = steps, KEYS[2] = pruned (the newest step examined so far); ARGV = horizon, key prefix, batch.
+-- Examines, oldest first, at most batch steps newer than the cursor and older than the newest step minus
+-- horizon; a step none of whose filed ranks has a copy left (holders:<step>:<r> gone: every memory copy
+-- released, no L2 copy) loses its metadata, its filed set and its entry in steps. Returns how many.
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if #newest == 0 then return 0 end
+local before = tonumber(newest[2]) - tonumber(ARGV[1])
+local from = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. from, '(' .. before, 'WITHSCORES', 'LIMIT', 0,
+                       tonumber(ARGV[3]))
+local pruned = 0
+for i = 1, #old, 2 do
+  local step = old[i]
+  local filed = ARGV[2] .. 'filed:' .. step
+  local ranks = redis.call('SMEMBERS', filed)
+  local live = false
+  for _, r in ipairs(ranks) do
+    if redis.call('EXISTS', ARGV[2] .. 'holders:' .. step .. ':' .. r) == 1 then live = true break end
+  end
+  if not live then
+    for _, r in ipairs(ranks) do redis.call('DEL', ARGV[2] .. 'meta:' .. step .. ':' .. r) end
+    redis.call('DEL', filed)
+    redis.call('ZREM', KEYS[1], step)
+    pruned = pruned + 1
+  end
+  redis.call('SET', KEYS[2], old[i + 1])
+end
+return pruned
+"""
+"""Forget the steps that no copy is left of, past a horizon of recent steps (their metadata kept for
+verified replay): the catalog stays bounded by the horizon plus the steps still held (L2)."""

@@ -239,7 +239,8 @@ class Persister:
 
 
 class Heartbeat:
-    """Refreshes the registration every ``period`` seconds (TTL: three periods); after a Redis restart
+    """Refreshes the registration every ``period`` seconds (TTL: three periods; rank 0's also prunes the
+    catalog's steps no copy is left of, :meth:`~lifeline.catalog.Catalog.prune`); after a Redis restart
     or outage re-registers every holding and re-tries advancing each held step. Follows the job's
     generation: when a new generation's plan has another layout (an elastic reshard kept this pod),
     the catalog's world size becomes the plan's, which placement and completeness then use."""
@@ -274,6 +275,8 @@ class Heartbeat:
                     self._resync(reg.rank)
                     self.link.dirty = False
                 self._follow_generation()
+                if reg.rank == 0:  # one sidecar keeps the catalog bounded (Catalog.prune)
+                    catalog.prune()
                 latest = catalog.latest_complete_step()
                 if latest is not None:
                     self.link.seen_complete(latest)
