@@ -14,7 +14,9 @@ members and activation counts are the trainer's own (``sparse_operators``, ``exp
 what the runtime's sparse checkpoints capture). On CPU the measured budget (a slow step, a fast
 memcpy) fits the whole state in one slot (W = 1); ``by_window`` shows the bytes at larger W.
 With fp32 compute weights a FROZEN operator costs 4 of an ACTIVE one's 12 B/param, so the mean
-slot tends to 2 + 12/W B/param x params for large W: the reduction is bounded by 6x.
+slot tends to 2 + 12/W B/param x params for large W: the reduction is bounded by 6x. Dense copies
+beside the slots (``checkpoint.every: D``) add ``dense / D`` per step (:func:`with_dense`): each row
+says from which D dense + sparse copies fewer bytes than dense alone at every step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["checkpoint_rows"]
+__all__ = ["checkpoint_rows", "with_dense"]
 
 def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int = 3) -> float:
     """Median seconds to copy ``tensors`` back to back into ``buf`` (uint8)."""
@@ -110,7 +112,8 @@ def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
         mean_bytes = statistics.mean(slot_bytes)
         return {"window": schedule.window, "sparse_bytes_per_step": round(mean_bytes),
                 "sparse_max_slot_bytes": max(slot_bytes), "sparse_stall_seconds": round(statistics.mean(slot_seconds), 6),
-                "bytes_reduction": round(dense_bytes / mean_bytes, 2)}
+                "bytes_reduction": round(dense_bytes / mean_bytes, 2),
+                **with_dense(dense_bytes, round(mean_bytes), schedule.window)}
 
     overlapped = _overlapped_stall(trainer, dense, buf, steps)
     unbounded = plan_window(operators, budget_bytes=1 << 62)
@@ -123,6 +126,21 @@ def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
         **sparse(measured),
         "by_window": [sparse(with_window(unbounded, w)) for w in windows if w <= len(operators)],
     }
+
+
+def with_dense(dense_bytes: int, sparse_bytes: float, window: int) -> dict[str, Any]:
+    """Bytes per step when dense copies (``checkpoint.every: D``) run beside the sparse slots, as the
+    runtime does: ``dense_bytes / D + sparse_bytes`` (bytes), against dense alone at every step.
+
+    Returns ``dense_every_break_even`` (the smallest D at which dense + sparse copies fewer bytes
+    per step than dense alone at every step; ``None`` when a slot copies as much as the dense state)
+    and ``with_dense_every``: per D in (W, 4W, 16W), ``total_bytes_per_step`` and
+    ``reduction_vs_dense_every_step`` (dense alone at every step / dense + sparse)."""
+    rows = [{"dense_every": d, "total_bytes_per_step": round(dense_bytes / d + sparse_bytes),
+             "reduction_vs_dense_every_step": round(dense_bytes / (dense_bytes / d + sparse_bytes), 2)}
+            for d in (window, 4 * window, 16 * window)]
+    even = int(dense_bytes // (dense_bytes - sparse_bytes)) + 1 if sparse_bytes < dense_bytes else None
+    return {"dense_every_break_even": even, "with_dense_every": rows}
 
 
 def checkpoint_rows(experts: tuple[int, ...] = (8, 32, 64), steps: int = 4,
