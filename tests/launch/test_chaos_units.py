@@ -166,6 +166,7 @@ def test_verdict_names_each_failed_check():
     nothing = dict(flip, copies=[], note="no L1 copy")
     assert any("corrupted no copy" in r for r in verdict(_summary(faults=[nothing]), ref))
     assert verdict(_summary(faults=[dict(nothing, ineffective=True)]), ref) == []
+    assert verdict(_summary(faults=[dict(nothing, moot=True)]), ref) == []  # the catalog recorded none
 
 
 def test_corruption_outcomes_tell_detected_used_gone_and_unread():

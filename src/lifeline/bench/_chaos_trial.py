@@ -124,7 +124,7 @@ def verdict(summary: dict[str, Any], reference: dict[str, Any] | None) -> list[s
     if outcome["used"]:
         out.append(f"corrupted copies restored without a report: {outcome['used'][:3]}")
     for f in summary.get("faults", []):
-        if f["kind"] == "flip" and not f["copies"] and not f.get("ineffective"):
+        if f["kind"] == "flip" and not f["copies"] and not f.get("ineffective") and not f.get("moot"):
             out.append(f"{f['fault']} corrupted no copy: {f['note']}")
     return out
 

@@ -39,6 +39,9 @@ class FiredFault:
         nodes: nodes it marked lost.
         note: what went differently (e.g. no copy to flip was found).
         ineffective: it fired after every trainer had finished, and did nothing.
+        moot: a ``flip`` found nothing to corrupt because the catalog records no copy of the rank at its
+            tier (earlier faults took them and none was made since): its kill still counts, its
+            corruption check does not. A flip that misses a copy the catalog records is not moot.
     """
 
     injection: Injection
@@ -49,12 +52,13 @@ class FiredFault:
     nodes: list[str] = field(default_factory=list)
     note: str = ""
     ineffective: bool = False
+    moot: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         inj = self.injection
         return {"fault": str(inj), "kind": inj.kind, "rank": inj.rank, "tier": inj.tier, "when": inj.when,
                 "at": round(self.at, 4), "step": self.step, "recovers": self.recovers, "copies": self.copies,
-                "nodes": self.nodes, "note": self.note, "ineffective": self.ineffective}
+                "nodes": self.nodes, "note": self.note, "ineffective": self.ineffective, "moot": self.moot}
 
 
 class Faults:
@@ -156,6 +160,7 @@ class Faults:
             rec.copies.append({"step": step, "rank": inj.rank, "tier": "L0", "holder": inj.rank, "where": path.name})
         if not rec.copies:
             rec.note = f"no L0 copy of rank {inj.rank} found in its arena"
+            self._moot(inj, rec, "L0")
 
     def _settle(self, rank: int, quiet: float = 0.2, limit: float = SETTLE_SECONDS) -> None:
         """Wait until the steps with ``rank``'s metadata in the catalog did not change for ``quiet``
@@ -207,6 +212,20 @@ class Faults:
                 break
         if not rec.copies:
             rec.note = f"no L1 copy of rank {inj.rank} found in a peer's memory"
+            self._moot(inj, rec, "L1")
+
+    def _moot(self, inj: Injection, rec: FiredFault, tier: str) -> None:
+        """Mark a flip that found no copy moot when the catalog records none of the rank at ``tier`` (held
+        by its own sidecar for L0, by another rank's for L1) at any recorded step."""
+        cat = self.sup.catalog
+        try:
+            held = [h for h in cat.holdings_at(cat.steps()[-64:]) if h.rank == inj.rank and h.tier == tier
+                    and (h.holder == inj.rank) == (tier == "L0")]
+        except LifelineError:
+            return
+        if not held:
+            rec.moot = True
+            rec.note += "; the catalog records none (earlier faults took them): nothing to corrupt"
 
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup
