@@ -80,8 +80,11 @@ def test_example_is_accepted_and_defaulted(devcluster, crd, namespace):
         (lambda s: s.pop("layout"), ["spec.layout", "Required value"]),
         (lambda s: s["template"]["spec"]["containers"][0].__setitem__("name", "main"),
          ["spec.template.spec.containers", "'trainer'"]),
+        (lambda s: s.update(replicas=9_437_184, layout={"tensor": 1_048_576, "pipeline": 3, "data": 1, "expert": 3}),
+         ["spec.replicas", "131072", "spec.layout.tensor"]),
     ],
-    ids=["replicas-not-product", "persist-not-multiple", "unknown-field", "missing-layout", "no-trainer"],
+    ids=["replicas-not-product", "persist-not-multiple", "unknown-field", "missing-layout", "no-trainer",
+         "world-too-large"],
 )
 def test_invalid_jobs_are_rejected_naming_the_field(devcluster, crd, namespace, body, mutate, expected):
     bad = copy.deepcopy(body)

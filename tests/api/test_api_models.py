@@ -135,6 +135,8 @@ def test_elastic_min_replicas_at_most_replicas(body):
         (("checkpoint", "persist", "uri"), "http://x", "spec.checkpoint.persist.uri"),
         (("checkpoint", "memoryLimit"), "8GB", "spec.checkpoint.memoryLimit"),
         (("steps",), "many", "spec.steps"),
+        (("replicas",), 9_437_184, "spec.replicas"),  # the hostile spec that held the operator 70 s
+        (("layout", "tensor"), 1_048_576, "spec.layout.tensor"),
     ],
 )
 def test_bad_values_name_the_field(body, path, value, field):

@@ -36,6 +36,7 @@ __all__ = [
     "CONDITION_TYPES",
     "RecoveryAction",
     "LayoutSpec",
+    "MAX_WORLD_SIZE",
     "PersistSpec",
     "SparseSpec",
     "CheckpointSpec",
@@ -92,6 +93,12 @@ FreeForm = Annotated[
 ]
 
 
+MAX_WORLD_SIZE = 131_072
+"""The most ranks a job may have (2^17; the largest published training jobs use about 100,000
+accelerators). A bound in the CRD schema, so a hostile or mistyped spec (replicas 9,437,184) is refused
+by the API server instead of making the operator read millions of catalog keys."""
+
+
 class LayoutSpec(WireModel):
     """The parallel layout: tensor, pipeline, data and expert degrees (each >= 1).
 
@@ -99,10 +106,10 @@ class LayoutSpec(WireModel):
     (tensor fastest, then expert, data, pipeline slowest), as in :mod:`lifeline.checkpoint`.
     """
 
-    tensor: int = Field(1, ge=1, description="Tensor-parallel degree.")
-    pipeline: int = Field(1, ge=1, description="Pipeline-parallel degree (number of stages).")
-    data: int = Field(1, ge=1, description="Data-parallel degree (number of replica groups).")
-    expert: int = Field(1, ge=1, description="Expert-parallel degree.")
+    tensor: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="Tensor-parallel degree.")
+    pipeline: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="Pipeline-parallel degree (number of stages).")
+    data: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="Data-parallel degree (number of replica groups).")
+    expert: int = Field(1, ge=1, le=MAX_WORLD_SIZE, description="Expert-parallel degree.")
 
     @property
     def world_size(self) -> int:
@@ -234,7 +241,9 @@ class ModelSpec(WireModel):
 class TrainingJobSpec(WireModel):
     """The desired training run."""
 
-    replicas: int = Field(ge=1, description="World size: one pod per rank; equals the product of the layout degrees.")
+    replicas: int = Field(ge=1, le=MAX_WORLD_SIZE,
+                          description="World size: one pod per rank; equals the product of the layout degrees "
+                                      "(at most 131072).")
     layout: LayoutSpec = Field(description="The parallel layout.")
     template: PodTemplate = Field(
         description="A PodTemplateSpec for every rank; the training container must be named 'trainer'.",
