@@ -34,10 +34,41 @@ from lifeline.errors import (
 from lifeline.sidecar._copy import write_parallel
 from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
 from lifeline.sidecar._logkey import LogKey
-from lifeline.sidecar._receipts import PendingSave, RestoreResult, SaveReceipt
+from lifeline.sidecar._receipts import RestoreResult, SaveReceipt
 from lifeline.sidecar.arena import ArenaView
 
 __all__ = ["PendingSave", "RestoreResult", "SaveReceipt", "SidecarClient"]
+
+
+class PendingSave:
+    """An overlapped save in flight (:meth:`SidecarClient.save_overlapped`).
+
+    :meth:`wait` joins the background memcpy, commits the slot and returns the
+    :class:`SaveReceipt`, whose ``stall_seconds`` counts only the trainer's own time: the slot
+    handover, the part of the copy it waited for, and the commit. A copy that failed aborts the
+    slot (nothing is committed) and its error is raised. Calling :meth:`wait` again returns the
+    same receipt.
+    """
+
+    def __init__(self, client: SidecarClient, copy: Any, receipt: SaveReceipt | None, *, slot: int = -1,
+                 step: int = 0, plan: Any = None, waited: float = 0.0, handed: float = 0.0) -> None:
+        self._client, self._copy, self.receipt = client, copy, receipt
+        self._slot, self._step, self._plan, self._waited, self._handed = slot, step, plan, waited, handed
+
+    def wait(self) -> SaveReceipt:
+        if self.receipt is not None:
+            return self.receipt
+        if self._client._pending is self:
+            self._client._pending = None
+        t0 = time.perf_counter()
+        try:
+            self._copy.result()
+        except BaseException:
+            self._client._call({"op": "abort", "slot": self._slot}, "abort")
+            raise
+        self.receipt = self._client._commit(self._slot, self._step, self._plan, self._waited,
+                                            self._handed + (time.perf_counter() - t0), t0)
+        return self.receipt
 
 
 def _raise(msg: dict[str, Any], what: str) -> None:
