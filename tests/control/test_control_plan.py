@@ -171,6 +171,15 @@ def test_a_crash_in_one_stage_restores_only_that_stage_and_a_failure_during_the_
     busy = replace(state, interrupted=RecoveryAction.LOCALIZED_REPLAY)
     plan = plan_recovery(busy, crash, _spec(localizedReplay=True), now=NOW)
     assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restore_ranks == (0, 1, 2, 3)
+    # a crash during a global recovery whose restore a rank of the other stage has not loaded yet
+    # (its replacement still starting: fuzz seed 85756845) has no survivor state to keep: global too
+    for unloaded in ((0,), (1,), (0, 1)):
+        starting = replace(state, interrupted=RecoveryAction.ROLLBACK, unloaded=frozenset(unloaded))
+        plan = plan_recovery(starting, crash, _spec(localizedReplay=True), now=NOW)
+        assert plan.action is RecoveryAction.RESTART_IN_PLACE and plan.restore_ranks == (0, 1, 2, 3), unloaded
+    # ... while the crashed stage's own unloaded ranks restore anyway: the replay stays local
+    own = replace(state, interrupted=RecoveryAction.ROLLBACK, unloaded=frozenset({2}))
+    assert plan_recovery(own, crash, _spec(localizedReplay=True), now=NOW).action is RecoveryAction.LOCALIZED_REPLAY
 
 
 def test_with_sparse_checkpoints_a_failed_stage_restores_its_latest_complete_window():

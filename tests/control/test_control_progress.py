@@ -27,3 +27,13 @@ def test_a_survivor_the_plan_does_not_restore_keeps_its_step():
     reports = [_report("plan", 0, 1, 6), _report("plan", 1, 1, 6)]
     assert Progress.of(reports, 2).state_step(2, {0: 3}) == 6
     assert Progress.of([], 2).state_step(2, {0: 3}) == 0
+
+
+def test_ranks_that_loaded_the_current_generation_s_state():
+    """A replacement that has not reported since its pod started (its latest report is its lost pod's,
+    of an older generation) or that only read the plan has loaded nothing (fuzz seed 85756845)."""
+    reports = [_report("step", 0, 0, 4), _report("restore", 1, 1, 3), _report("plan", 2, 1, 4),
+               _report("keep", 3, 1, 4)]
+    assert Progress.of(reports, 1).loaded_in(1) == {1, 3}
+    assert Progress.of([*reports, _report("step", 0, 1, 4)], 1).loaded_in(1) == {0, 1, 3}
+    assert Progress.of(reports, 2).loaded_in(2) == frozenset()

@@ -330,6 +330,15 @@ def _state_step(record: Record, facts: CatalogFacts) -> int:
     return facts.progress.state_step(record.generation, restored)
 
 
+def _unloaded(record: Record, facts: CatalogFacts) -> frozenset[int]:
+    """Ranks the recovery under way restores that have not reported loading its state (none when no
+    recovery is under way)."""
+    plan = record.plan
+    if record.phase != "Recovering" or plan is None or plan.generation != record.generation:
+        return frozenset()
+    return frozenset(plan.restore_ranks) - facts.progress.loaded_in(record.generation)
+
+
 def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: LayoutSpec, now: float) -> JobState:
     cooling = {n: t for n, t in record.cool_downs.items() if t > now}
     return JobState(
@@ -344,6 +353,7 @@ def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: 
         upstream_logs=facts.upstream_logs,
         stored_windows=facts.stored_windows,
         interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
+        unloaded=_unloaded(record, facts),
         resharded_from=record.plan.restore_step if record.plan is not None
         and record.plan.action is RecoveryAction.RESHARD else None,
     )

@@ -204,7 +204,8 @@ def _localized_replay(
     step — a dense checkpoint, or with sparse checkpoints the start of a complete window
     (:func:`_latest_window`), whichever is later — and every neighbour of every one of them logged
     the steps from there to the current one. Never while a localized replay is under way (a
-    failure during one falls back to the ladder's global rungs)."""
+    failure during one falls back to the ladder's global rungs), nor while a rank outside the stage
+    has not loaded the state of the recovery under way (:attr:`JobState.unloaded`)."""
     layout = state.layout
     if not spec.recovery.localized_replay or layout.pipeline < 2 or hang or not failed:
         return None
@@ -215,6 +216,8 @@ def _localized_replay(
         return None
     stage = stages.pop()
     ranks = tuple(r for r in range(state.world_size) if stage_of(r, layout) == stage)
+    if state.unloaded - set(ranks):  # a rank outside the stage has not loaded the recovery under way's
+        return None                  # state: nothing to keep (fuzz seed 85756845)
     step, sources = latest_covered(ranks, usable, TIERS, state.step)
     chosen: int | None = None  # W when a window is the copy restored; a dense copy of an equal step wins
     logs = {log.rank: log for log in state.upstream_logs}

@@ -13,6 +13,9 @@ from typing import Protocol
 __all__ = ["Report", "Progress"]
 
 _TRAINING_EVENTS = ("step", "save", "done")
+_LOADED_EVENTS = ("restore", "keep", "replayed", "start", *_TRAINING_EVENTS)
+"""Recorded events after which a rank's state is loaded in their generation: restored, kept (a survivor
+of a localized replay), replayed, or training on."""
 
 
 class Report(Protocol):
@@ -104,6 +107,13 @@ class Progress:
         by_rank = {rank: (gen, s) for rank, gen, _, s in self.latest}
         return max((restored[rank] if gen < generation and rank in restored else s
                     for rank, (gen, s) in by_rank.items()), default=0)
+
+    def loaded_in(self, generation: int) -> frozenset[int]:
+        """Ranks whose latest report, of ``generation`` or later, says their state is loaded
+        (:data:`_LOADED_EVENTS`). A rank the current plan restores that is not among them (a
+        replacement still starting, a survivor still restoring) has no state a localized replay could
+        keep (fuzz seed 85756845)."""
+        return frozenset(rank for rank, gen, event, _ in self.latest if gen >= generation and event in _LOADED_EVENTS)
 
     def caught_up(self, generation: int, world_size: int, step: int) -> bool:
         """True when every rank trained past ``step`` in ``generation`` or later."""

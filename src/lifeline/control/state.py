@@ -97,6 +97,9 @@ class JobState:
         stored_windows: sparse windows committed to L2 per rank (empty without sparse checkpoints).
         interrupted: the action of a recovery still under way when this failure came (a failure
             during a localized replay falls back to a global rung).
+        unloaded: ranks the recovery still under way restores that have not reported loading its
+            state yet (a replacement still starting, a survivor still restoring): a localized replay
+            cannot keep their state, they have none yet.
         resharded_from: the restore step of the elastic reshard that made the current layout (the
             current generation's plan, when it is a ``Reshard``): until a step of the new layout is
             covered, the holdings of the new ranks cover nothing, and a failure restores this step
@@ -114,6 +117,7 @@ class JobState:
     upstream_logs: tuple[UpstreamLog, ...] = ()
     stored_windows: tuple[StoredWindows, ...] = ()
     interrupted: RecoveryAction | None = None
+    unloaded: frozenset[int] = frozenset()
     resharded_from: int | None = None
 
     def __post_init__(self) -> None:
