@@ -5,21 +5,10 @@ a memory copy) and the horizon's steps (verified replay reads their checksums) s
 from __future__ import annotations
 
 import random
-import uuid
 
 import pytest
 
 from lifeline.catalog import Catalog
-
-
-@pytest.fixture
-def catalog(redis_server):
-    cat = Catalog(redis_server.url, f"prune-{uuid.uuid4().hex[:6]}", 4)
-    try:
-        yield cat
-    finally:
-        cat.wipe()
-        cat.close()
 
 
 def _train(catalog: Catalog, steps: range, *, keep: int, persist_every: int) -> None:

@@ -28,16 +28,6 @@ LAYOUT = LayoutSpec(pipeline=2, data=2)
 NODES = ("n0", "n1", "n2", "n3")
 
 
-@pytest.fixture
-def catalog(redis_server):
-    cat = Catalog(redis_server.url, f"lost-{uuid.uuid4().hex[:6]}", 4)
-    try:
-        yield cat
-    finally:
-        cat.wipe()
-        cat.close()
-
-
 def _seed(catalog: Catalog) -> None:
     """L0 and L1 (Gemini placement, n0<->n1, n2<->n3) at steps 40 and 41; L2 at 40."""
     peers = place_replicas(NODES, 1)
