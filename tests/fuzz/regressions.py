@@ -82,4 +82,10 @@ REGRESSIONS: list[Regression] = [
                "CI run", fixed="a flip that finds no copy while the catalog records none of the rank at its tier "
                "is moot (FiredFault.moot): its kill counts, its corruption check does not; a flip that misses a "
                "recorded copy still fails (tests/launch/test_chaos_units.py)"),
+    Regression(12836737, 4, "pipeline 2, persist.every 6: an L2 flip of rank 1's step 6, found corrupt (a Rollback to "
+               "the initial state), step 6 persisted again, and flipped again by a second L2 flip: its detection "
+               "was matched to the first flip's earlier report, so the last Rollback counted as answering no "
+               "fault; found 2026-11-27 by a commit trial of 0c3df83", fixed="a flip's detection is the first report "
+               "after it fired (_fuzz_check._detected_at; tests/fuzz/test_fuzz_units.py::"
+               "test_the_same_copy_flipped_twice_calls_for_one_more_plan_each_time)"),
 ]

@@ -192,6 +192,21 @@ def test_a_flipped_copy_found_corrupt_when_read_may_call_for_one_more_plan(tmp_p
     assert len(extra_recoveries(late)) == 1  # found after the second plan: not its cause
 
 
+def test_the_same_copy_flipped_twice_calls_for_one_more_plan_each_time():
+    """A step persisted again after a rollback and flipped again (fuzz seed 12836737): the first flip's
+    report, from before the second flip fired, is not the second one's detection."""
+    copy = [{"step": 6, "rank": 1, "tier": "L2", "holder": None}]
+    f1, f2 = (dict(_fault("flip", 1, T0 + t, tier="L2"), copies=copy) for t in (5, 40))
+    recs = [_rec("Rollback", T0 + 6, 6, [1], tier="L2"), _rec("Rollback", T0 + 20, None, [1], tier=None),
+            _rec("Rollback", T0 + 41, 6, [1], tier="L2"), _rec("Rollback", T0 + 60, None, [1], tier=None)]
+    reports = [{"step": 6, "rank": 1, "tier": "L2", "by": 1, "at": T0 + t} for t in (15, 50)]
+    both = {"recoveries": recs, "faults": [f1, f2], "corruption_reports": reports}
+    assert extra_recoveries(both) == [] and replans_after_corruption(both) == 2
+    once = dict(both, corruption_reports=reports[:1])  # the second flip's copy was never found corrupt
+    (line,) = extra_recoveries(once)
+    assert "recovery 4" in line
+
+
 def test_a_copy_logged_as_its_holder_died_does_not_count(tmp_path):
     from lifeline.bench._fuzz_copies import Copies
 

@@ -87,15 +87,17 @@ def _effective(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _detected_at(summary: dict[str, Any], f: dict[str, Any]) -> float | None:
-    """When a sidecar first reported one of the copies fault ``f`` (a flip) corrupted (the fault's
-    time when only the logs, which carry no time, report it); ``None`` if none did."""
+    """When a sidecar first reported, after ``f`` fired, one of the copies fault ``f`` (a flip)
+    corrupted (the fault's time when only the logs, which carry no time, report it); ``None`` if none
+    did. A report from before ``f`` fired is an earlier flip's of the same copy (a step persisted again
+    after a rollback and flipped again: fuzz seed 12836737), not this one's."""
     flipped = {(int(c["step"]), int(c["rank"]), str(c["tier"])) for c in f.get("copies") or []}
     times = [r.get("at") for r in summary.get("corruption_reports") or []
              if r.get("step") is not None and (int(r["step"]), int(r["rank"]), str(r["tier"])) in flipped]
-    if not times:
-        return None
-    timed = [t for t in times if t is not None]
-    return min(timed) if timed else float(f["at"])
+    timed = [t for t in times if t is not None and t >= float(f["at"]) - 1e-3]
+    if timed:
+        return min(timed)
+    return float(f["at"]) if None in times else None
 
 
 def _answers(summary: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]], bool]]:
