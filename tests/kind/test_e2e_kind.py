@@ -215,6 +215,10 @@ def test_trainer_sigkill_and_pod_deletion_end_bit_identical(kind_release, refere
         return any(s["name"] == "trainer" and s["restartCount"] >= 1 for s in pod["status"]["containerStatuses"])
 
     wait_for(restarted, 180, "the trainer container of rank 2 to restart", 1.0)
+    # the second failure comes after the first recovery resumed training: deleting rank 3's pod while
+    # rank 2's restart is still being planned makes one ReplacePods [2, 3] of the two (a CI run)
+    wait_for(lambda: (r := _status(c, ns).get("recoveries") or []) and r[0].get("resumedAt"), 300,
+             "the recovery of rank 2's restart to resume training", 1.0)
     old = c.get("pod", f"{JOB}-3", "-n", ns)["metadata"]["uid"]
     c.kubectl("delete", "pod", f"{JOB}-3", "-n", ns, "--wait=false")
     st = _finished(c, ns, NODE_KILL_STEPS)

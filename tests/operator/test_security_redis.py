@@ -48,11 +48,11 @@ def test_no_password_or_a_wrong_one_is_refused(locked_redis):
 def test_a_jobs_user_reaches_its_keys_and_not_another_jobs(locked_redis):
     own = _as(locked_redis, "job-a")
     assert own.holder_names(3, 0) == {"L0@0"} and own.meta(3, 0) == '{"job": "job-a"}'
-    assert own.try_advance(3, "L0") == 3  # the Lua script touches only job-a's keys
+    assert own.try_advance(3, "L0", rank=0) == 3  # the Lua script touches only job-a's keys
     own.add_holding(4, 0, "L0", 0)
     own.close()
     other = _as(locked_redis, "job-b", user_of="job-a")  # job-a's credentials, job-b's key names
-    for read in (lambda: other.meta(3, 0), lambda: other.holder_names(3, 0), lambda: other.try_advance(3, "L0"),
+    for read in (lambda: other.meta(3, 0), lambda: other.holder_names(3, 0), lambda: other.try_advance(3, "L0", rank=0),
                  lambda: other.add_holding(5, 0, "L0", 0), other.wipe):
         with pytest.raises(CatalogError, match="(?i)no permissions"):
             read()

@@ -125,7 +125,7 @@ def test_replication_and_complete_only_when_every_rank_is_verified(make_settings
         assert b.store.get("shard", 1, 0).tier == "L1" and a.store.get("shard", 1, 1).tier == "L1"
         c0.save(2, state_at(2, 0))  # only rank 0 saves step 2
         wait_for(lambda: "L1@1" in cat.holder_names(2, 0), what="rank 0's step 2 replicated")
-        assert cat.try_advance(2, "L1") == 1 and cat.latest_complete_step() == 1
+        assert cat.try_advance(2, "L1", rank=0) == 1 and cat.latest_complete_step() == 1
         c1.save(2, state_at(2, 1))
         wait_for(lambda: cat.latest_complete_step() == 2, what="step 2 complete")
     assert _metric(a, "lifeline_sidecar_replicated_bytes_total") > 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -123,17 +123,30 @@ class Catalog(_Holdings):
         return {r: self._call(SidecarRegistration.from_json, v) for r, v in enumerate(raw) if v}
 
     # --- the latest complete step, persistence -------------------------------------------------
-    def try_advance(self, step: int, tier: Tier) -> int:
-        """Atomically set the latest complete step to ``step`` if every rank has a holding at
+    def try_advance(self, steps: int | Iterable[int], tier: Tier, *, rank: int, floor: int = -1) -> int:
+        """Atomically set the latest complete step to the newest of ``steps`` that every rank holds at
         ``tier``; never moves it backwards. Returns the latest complete step after the call (-1: none).
+
+        While no complete step is recorded (a new job, or a Redis that restarted empty), the call
+        records ``max(floor, derived)`` for ``rank`` and the step is set once every rank below the world
+        size has called, to the highest recorded: a sidecar that re-files its copies before another
+        rank's newer copy is filed again never publishes an older step than another rank had seen.
+
+        Args:
+            steps: the step (or steps, any order) to try.
+            tier: the tier every rank's copy must have reached.
+            rank: the calling sidecar's rank.
+            floor: the latest complete step the caller had seen (-1: none).
 
         Raises:
             CatalogError: an unknown tier, or Redis unreachable.
         """
         if tier not in TIERS:
             raise CatalogError(f"unknown tier {tier!r}; expected one of {TIERS}", job=self.job, tier=str(tier))
-        args = [step, self.world_size, tier, self.keys.holders_prefix]
-        return int(self._call(self._advance, keys=[self.keys.complete], args=args))
+        tried = sorted({steps} if isinstance(steps, int) else set(steps), reverse=True)
+        args = [self.world_size, tier, self.keys.holders_prefix, rank, floor, *tried]
+        keys = [self.keys.complete, self.keys.complete_floors]
+        return int(self._call(self._advance, keys=keys, args=args))
 
     def latest_complete_step(self) -> int | None:
         """The job's latest complete step, or ``None`` when no checkpoint is complete yet."""

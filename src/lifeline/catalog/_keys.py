@@ -16,6 +16,8 @@ All keys are namespaced ``lifeline:<job>:``:
                                copy of a step is left: ``Catalog.prune``)
 ``pruned``                     the newest step pruning has examined
 ``complete``                   the job's latest complete step (advanced only by a Lua script)
+``complete:floors``            hash rank -> the step that rank derived or had seen complete, while
+                               ``complete`` is missing (a new job, or Redis restarted empty)
 ``persisted:<step>``           set of ranks whose blob is in L2; ``commit:<step>`` the rank committing it
 ``corrupt``                    list of :class:`~lifeline.catalog.CorruptionReport` JSON
 ``plan:<generation>``          a :class:`~lifeline.api.recovery.RecoveryPlan` JSON
@@ -95,6 +97,7 @@ class Keys:
     steps = property(lambda self: f"{self.prefix}steps")
     pruned = property(lambda self: f"{self.prefix}pruned")
     complete = property(lambda self: f"{self.prefix}complete")
+    complete_floors = property(lambda self: f"{self.prefix}complete:floors")
     corrupt = property(lambda self: f"{self.prefix}corrupt")
     generation = property(lambda self: f"{self.prefix}generation")
     progress = property(lambda self: f"{self.prefix}progress")

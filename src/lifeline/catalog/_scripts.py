@@ -5,25 +5,51 @@ from __future__ import annotations
 __all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "PRUNE"]
 
 ADVANCE = """
--- KEYS[1] = complete key; ARGV = step, world_size, tier, holders prefix. Returns the latest complete step.
-local step = tonumber(ARGV[1])
-local world = tonumber(ARGV[2])
-local tier = ARGV[3]
-local prefix = ARGV[4]
-local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
-if step <= cur then return cur end
-for r = 0, world - 1 do
-  local members = redis.call('SMEMBERS', prefix .. step .. ':' .. r)
-  local ok = false
-  for _, m in ipairs(members) do
-    if m == tier or string.sub(m, 1, string.len(tier) + 1) == tier .. '@' then ok = true break end
+-- KEYS[1] = complete, KEYS[2] = complete:floors; ARGV = world_size, tier, holders prefix, rank, floor,
+-- then the steps to try, newest first. Returns the latest complete step after the call (-1: none).
+local world = tonumber(ARGV[1])
+local tier = ARGV[2]
+local prefix = ARGV[3]
+local rank = ARGV[4]
+local floor = tonumber(ARGV[5])
+local raw = redis.call('GET', KEYS[1])
+local cur = tonumber(raw or '-1')
+local derived = -1
+for i = 6, #ARGV do
+  local step = tonumber(ARGV[i])
+  if step <= cur then break end
+  local all = true
+  for r = 0, world - 1 do
+    local ok = false
+    for _, m in ipairs(redis.call('SMEMBERS', prefix .. step .. ':' .. r)) do
+      if m == tier or string.sub(m, 1, string.len(tier) + 1) == tier .. '@' then ok = true break end
+    end
+    if not ok then all = false break end
   end
-  if not ok then return cur end
+  if all then derived = step break end
 end
-redis.call('SET', KEYS[1], step)
-return step
+if raw then
+  if derived > cur then redis.call('SET', KEYS[1], derived) return derived end
+  return cur
+end
+-- no complete step on record: a new job, or a Redis that restarted empty. The step is set only once
+-- every rank has spoken, to the highest of what each derived or had seen complete before (its floor),
+-- so a rank with a stale view never publishes an older step than another rank saw.
+redis.call('HSET', KEYS[2], rank, math.max(floor, derived))
+local best = -1
+for r = 0, world - 1 do
+  local v = redis.call('HGET', KEYS[2], tostring(r))
+  if not v then return -1 end
+  best = math.max(best, tonumber(v))
+end
+if best < 0 then return -1 end
+redis.call('SET', KEYS[1], best)
+redis.call('DEL', KEYS[2])
+return best
 """
-"""Advance the latest complete step to ARGV[1] when every rank holds a copy at the tier; never backwards."""
+"""Advance the latest complete step to the newest of the given steps that every rank holds at the tier;
+never backwards. While no step is recorded (a new job, or Redis restarted empty), each rank's call
+records ``max(floor, derived)`` and the step is set once every rank below the world size has called."""
 
 PERSISTED = """
 -- KEYS[1] = persisted:<step>, KEYS[2] = commit:<step>; ARGV = rank, world. 1 if the caller must commit.

@@ -52,7 +52,8 @@ class CatalogLink:
 
     def advance(self, step: int) -> None:
         """Ask the catalog to advance the latest complete step to ``step`` at the required tier."""
-        latest = self.call(self.catalog.try_advance, step, self.required_tier)
+        latest = self.call(self.catalog.try_advance, step, self.required_tier, rank=self.rank,
+                           floor=self.store.latest_complete)
         if latest is not None:
             self.seen_complete(latest)
 

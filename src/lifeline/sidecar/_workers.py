@@ -301,9 +301,8 @@ class Heartbeat:
         for h in self.memory.store.items():  # a copy filed meanwhile was just dropped too: file it again
             if h.kind == "shard" and h not in items:
                 catalog.add_holding(h.step, h.rank, h.tier, rank, h.meta)  # type: ignore[arg-type]
-        for step in sorted(steps, reverse=True):  # newest first: the complete step re-derived after a Redis
-            latest = catalog.try_advance(step, self.link.required_tier)  # restart is never an older one first
-            self.link.seen_complete(latest)
-            if latest >= step:
-                break
+        # every held step in one call: after a Redis restart the step is set once every rank has
+        # re-filed and spoken, never from one rank's stale view (Catalog.try_advance)
+        latest = catalog.try_advance(steps, self.link.required_tier, rank=rank, floor=self.link.store.latest_complete)
+        self.link.seen_complete(latest)
         log.info("catalog (re)registered %d holdings, dropped %d stale ones", len(items), stale)
