@@ -4,6 +4,9 @@
 - ``minio_server`` (session): a real MinIO server on loopback, built from source on first
   use when the cache is cold. Use ``.endpoint``, ``.access_key``, ``.secret_key``
   (plain HTTP: ``secure=False``).
+- ``azurite_server`` (session): a real Azurite blob service (the Azure Storage emulator) on
+  loopback, installed from npm into the cache on first use. Use ``.endpoint`` (the account URL),
+  ``.account``, ``.key`` or ``.connection_string``.
 - ``devcluster`` (session): a real Kubernetes control plane (etcd, kube-apiserver,
   kube-controller-manager, kube-scheduler) with 3 process nodes, Redis and MinIO; a
   :class:`lifeline.devcluster.DevCluster` (``.kubeconfig``, ``.kubectl(*args, input=...)``
@@ -25,6 +28,7 @@ import uuid
 
 import pytest
 
+from lifeline.devcluster.azurite import AzuriteServer
 from lifeline.devcluster.services import MinioServer, RedisServer
 
 
@@ -77,6 +81,16 @@ def redis_server():
 def minio_server():
     """A real MinIO server on 127.0.0.1 (session-scoped); ``.endpoint``, ``.access_key``, ``.secret_key``."""
     server = MinioServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server():
+    """A real Azurite blob service on 127.0.0.1 (session-scoped); ``.endpoint``, ``.account``, ``.key``."""
+    server = AzuriteServer().start()
     try:
         yield server
     finally:

@@ -1,14 +1,16 @@
-"""The storage backends against real servers: filesystem and MinIO (multipart, ranged GET, errors, retries)."""
+"""The storage backends against real servers: filesystem, MinIO and Azurite (multipart and block uploads, ranged
+GET, errors, retries)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 
 import pytest
 
-from lifeline.checkpoint import FilesystemStorage, MemoryStorage, S3Storage, storage_from_uri
+from lifeline.checkpoint import AzureStorage, FilesystemStorage, MemoryStorage, S3Storage, storage_from_uri
 from lifeline.errors import StorageError
 
 
@@ -18,18 +20,27 @@ def s3(minio_server):
                      f"storage-{uuid.uuid4().hex[:8]}", part_size=5 << 20, max_concurrency=3)
 
 
-@pytest.fixture(params=["fs", "memory", "s3"])
+@pytest.fixture(scope="module")
+def azure(azurite_server):
+    st = AzureStorage(azurite_server.endpoint, azurite_server.account, azurite_server.key,
+                      f"storage-{uuid.uuid4().hex[:8]}", block_size=4 << 20, max_concurrency=3)
+    st.ensure_container()
+    return st
+
+
+@pytest.fixture(params=["fs", "memory", "s3", "azure"])
 def storage(request, tmp_path):
     if request.param == "fs":
         return FilesystemStorage(tmp_path, fsync=True)
     if request.param == "memory":
         return MemoryStorage()
-    return request.getfixturevalue("s3")
+    return request.getfixturevalue(request.param)
 
 
 def test_put_get_ranges_list_delete(storage):
     ns = uuid.uuid4().hex[:6]
-    data = os.urandom(12 << 20) if isinstance(storage, S3Storage) else os.urandom(1 << 20)  # S3: 3 parts
+    # S3: 3 parts; Azure: 3 blocks
+    data = os.urandom(12 << 20) if isinstance(storage, (S3Storage, AzureStorage)) else os.urandom(1 << 20)
     storage.put(f"{ns}/a/x.bin", memoryview(data))
     storage.put(f"{ns}/a/y.json", b"{}")
     storage.put(f"{ns}/b.bin", b"")
@@ -74,6 +85,49 @@ def test_s3_unreachable_endpoint_retries_then_raises_storage_error():
     with pytest.raises(StorageError, match="after 3 attempts") as err:
         st.get("some/key")
     assert err.value.key == "some/key"
+
+
+def test_azure_blocks_ranges_and_streamed_put(azure, azurite_server):
+    ns = uuid.uuid4().hex[:6]
+    data = os.urandom((9 << 20) + 5)
+    azure.put(f"{ns}/x", [memoryview(data)[:100], data[100:]])  # a gather put over 3 blocks
+    committed, uncommitted = azure.client.get_blob_client(azure.container, f"{ns}/x").get_block_list("all")
+    assert [b.size for b in committed] == [4 << 20, 4 << 20, (1 << 20) + 5] and not uncommitted
+    assert azure.size(f"{ns}/x") == len(data)
+    assert azure.get(f"{ns}/x", 0, 10) == data[:10]  # offset 0 with a length: a ranged read
+    assert azure.get(f"{ns}/x", 5 << 20) == data[5 << 20:]
+    outs = [bytearray(3 << 20), bytearray(7), bytearray(5 << 20)]  # chunks of 4 MiB span the buffers
+    azure.get_into(f"{ns}/x", 11, outs)
+    assert b"".join(outs) == data[11:11 + (8 << 20) + 7]
+    with pytest.raises(StorageError, match="short read") as err:
+        azure.get(f"{ns}/x", len(data) - 2, 3)
+    assert err.value.key == f"{ns}/x"
+    azure.put_unsized(f"{ns}/s", (data[i:i + 300_000] for i in range(0, len(data), 300_000)))
+    assert azure.get(f"{ns}/s") == data
+    azure.put_unsized(f"{ns}/e", iter([]))
+    assert azure.get(f"{ns}/e") == b""
+
+    def failing():
+        yield data[:5 << 20]
+        raise RuntimeError("source failed")
+
+    with pytest.raises(RuntimeError):
+        azure.put_unsized(f"{ns}/s", failing())
+    assert azure.get(f"{ns}/s") == data  # the old object is untouched
+    by_string = AzureStorage.from_connection_string(azurite_server.connection_string, azure.container)
+    assert by_string.list(f"{ns}/") == [f"{ns}/e", f"{ns}/s", f"{ns}/x"]
+
+
+def test_azure_unreachable_account_retries_then_raises_storage_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: connection refused
+    st = AzureStorage(f"http://127.0.0.1:{port}/devstoreaccount1", "devstoreaccount1", "a2V5", "ckpt",
+                      retries=1, backoff_s=0.01, timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(StorageError, match="after 2 attempts") as err:
+        st.get("some/key")
+    assert err.value.key == "some/key" and time.monotonic() - t0 < 5
 
 
 def test_s3_bad_bucket_name_is_a_storage_error(minio_server):

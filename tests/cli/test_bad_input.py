@@ -1,10 +1,22 @@
 """Every bad input to the user's commands: exit 2, one line naming the field or flag, nothing started.
 
-Each case runs the real CLI (``python -m lifeline ...``) of this checkout as a subprocess in an empty
-working directory holding only the case's input files, and asserts: exit code 2; exactly one line on
-stderr, starting ``error:`` and naming the field or flag (each expected fragment); no traceback; no
-process left running (found by an environment marker every child inherits); nothing written (the
-working directory and the checkpoint store are unchanged: no ``.state``, no output file).
+Each case runs the real CLI of this checkout (``lifeline.cli.main``, what ``python -m lifeline`` calls)
+in an empty working directory holding only the case's input files, and asserts: exit code 2; exactly
+one line on stderr, starting ``error:`` and naming the field or flag (each expected fragment); no
+traceback; no process left running (found by an environment marker every child inherits, and in
+process also as new children of this process); nothing written (the working directory and the
+checkpoint store are unchanged: no ``.state``, no output file).
+
+Most cases run in this process (``run_cli_here`` in ``_cli.py``: argv, working directory, environment,
+standard streams and descriptors 1 and 2, logging, warnings and signal handlers as a fresh process has
+them, all restored after; an attempt to start a process fails the case), which keeps the file's run
+time a few seconds instead of a Python start-up and imports per case. The cases in ``SUBPROCESS`` still
+run ``python -m lifeline`` as a subprocess (``run_cli``), each for the reason given there: the commands
+whose real work starts services, forks or installs signal handlers, where a check that regressed
+would let that work start inside pytest (in process it would be stopped by the guard, but only the
+subprocess shows the whole command, as a user runs it, still exiting 2 and leaving nothing running),
+and one usage error to keep the ``python -m lifeline`` entry point itself (``__main__``, the real
+``sys.stderr``, the interpreter's exit status) under test.
 
 The first cases are the "Found" items of issue 16, in its order.
 """
@@ -18,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ._cli import run_cli, snapshot
+from ._cli import run_cli, run_cli_here, snapshot
 
 _TRAINER = {"name": "trainer", "image": "lifeline:dev", "command": ["python", "-m", "lifeline", "trainer"]}
 _ARGS = {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_expert": 32, "seq_len": 32, "micro_batch": 2,
@@ -188,12 +200,28 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
 ]
 
 
+# The cases that run as a subprocess (module docstring), and why; every other case runs in this process.
+SUBPROCESS = {
+    "operator-no-kubeconfig": "the operator role: configures logging and runs kopf's asyncio loop and HTTP "
+                              "endpoints until SIGTERM; HOME and KUBECONFIG are read by the Kubernetes client",
+    "persist-uri-flag": "run: one of the checks that once ran after services had started (issue 16)",
+    "s3-no-credentials": "run: S3 credentials from the environment; once checked after services had started",
+    "inject-minio-without-minio": "run with an injection that starts and takes down MinIO",
+    "bench-crash-trials": "bench crash forks a zygote that forks savers and sets SIGCHLD to SIG_IGN",
+    "bench-chaos-faults": "bench chaos kills and SIGSTOPs the processes of whole runs",
+    "bench-sidecar-sizes": "bench sidecar starts Redis, MinIO and sidecar servers in sessions of their own "
+                           "(stopped by killpg)",
+    "unknown-option": "a usage error through python -m lifeline itself: __main__, the real sys.stderr, the "
+                      "interpreter's exit status",
+}
+
+
 def _fill(text: str, cwd: Path, store: Path) -> str:
     return text.replace("{cwd}", str(cwd)).replace("{store}", str(store))
 
 
-@pytest.mark.parametrize(("argv", "files", "expected", "env"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input(tmp_path, ckpt_store, argv, files, expected, env):
+@pytest.mark.parametrize(("case", "argv", "files", "expected", "env"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, ckpt_store, case, argv, files, expected, env):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     for name, content in files.items():
@@ -204,8 +232,9 @@ def test_bad_input(tmp_path, ckpt_store, argv, files, expected, env):
         else:
             path.write_text(_fill(content, cwd, ckpt_store))
     before, store_before = snapshot(cwd), snapshot(ckpt_store)
-    res = run_cli([_fill(a, cwd, ckpt_store) for a in argv], cwd=cwd,
-                  env={k: _fill(v, cwd, ckpt_store) for k, v in env.items()}, drop_env=NO_S3_KEYS)
+    run = run_cli if case in SUBPROCESS else run_cli_here
+    res = run([_fill(a, cwd, ckpt_store) for a in argv], cwd=cwd,
+              env={k: _fill(v, cwd, ckpt_store) for k, v in env.items()}, drop_env=NO_S3_KEYS)
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert "Traceback" not in res.stderr, res.stderr
     assert res.returncode == 2, (res.returncode, res.stderr, res.stdout[-2000:])
@@ -220,3 +249,4 @@ def test_bad_input(tmp_path, ckpt_store, argv, files, expected, env):
 
 def test_at_least_forty_cases():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+    assert set(SUBPROCESS) <= {c[0] for c in CASES}, set(SUBPROCESS) - {c[0] for c in CASES}

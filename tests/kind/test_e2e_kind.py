@@ -78,13 +78,13 @@ def _minio(c, ns: str):
     """``(storage, prefix)`` of the example's L2 URI in the in-cluster MinIO (through a port-forward)."""
     import base64
 
-    from lifeline.checkpoint import storage_from_uri
+    from lifeline.checkpoint import StorageOptions, storage_from_uri
 
     data = c.get("secret", "ll-lifeline-object-storage", "-n", ns)["data"]
     key, secret = (base64.b64decode(data[k]).decode() for k in ("access-key", "secret-key"))
     uri = yaml.safe_load(EXAMPLE.read_text())["spec"]["checkpoint"]["persist"]["uri"]
     with c.port_forward(ns, "svc/ll-lifeline-minio", 9000) as port:
-        yield storage_from_uri(uri, endpoint=f"127.0.0.1:{port}", access_key=key, secret_key=secret)
+        yield storage_from_uri(uri, StorageOptions(endpoint=f"127.0.0.1:{port}", access_key=key, secret_key=secret))
 
 
 def _l2_digest(c, ns: str, job: str, step: int) -> str:

@@ -317,11 +317,12 @@ def _reference_digest(body: dict, tmp_path: Path) -> str:
 
 def _l2(devcluster):
     """``(storage, prefix)`` of the example's L2 URI in the cluster's MinIO."""
-    from lifeline.checkpoint import storage_from_uri
+    from lifeline.checkpoint import StorageOptions, storage_from_uri
 
     uri = yaml.safe_load(EXAMPLE.read_text())["spec"]["checkpoint"]["persist"]["uri"]
-    return storage_from_uri(uri, endpoint=devcluster.minio_endpoint, access_key=devcluster.minio_access_key,
-                            secret_key=devcluster.minio_secret_key)
+    return storage_from_uri(uri, StorageOptions(endpoint=devcluster.minio_endpoint,
+                                                access_key=devcluster.minio_access_key,
+                                                secret_key=devcluster.minio_secret_key))
 
 
 def _forget_l2(devcluster, job: str) -> None:

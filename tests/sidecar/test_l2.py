@@ -5,7 +5,7 @@ from __future__ import annotations
 from _trainer import empty_like, identical, state_at
 from conftest import wait_for
 
-from lifeline.checkpoint import list_steps, storage_from_uri
+from lifeline.checkpoint import StorageOptions, list_steps, storage_from_uri
 from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
 
@@ -26,8 +26,8 @@ def test_minio_down_l0_l1_go_on_and_l2_catches_up(make_settings, sidecars, redis
         s1, t1 = make_settings(1, 2, peer_replicas=1, **l2)
         a, b = sidecars(s0), sidecars(s1)
         cat = Catalog(redis_server.url, job, 2)
-        storage, prefix = storage_from_uri(s0.persist_uri, endpoint=minio.endpoint, access_key=minio.access_key,
-                                           secret_key=minio.secret_key, retries=0)
+        storage, prefix = storage_from_uri(s0.persist_uri, StorageOptions(
+            endpoint=minio.endpoint, access_key=minio.access_key, secret_key=minio.secret_key, retries=0))
         with SidecarClient(t0) as c0, SidecarClient(t1) as c1:
             c0.save(0, state_at(0, 0))
             c1.save(0, state_at(0, 1))

@@ -13,6 +13,7 @@ from lifeline.checkpoint import (
     PatternRules,
     Replicated,
     SlotRecord,
+    StorageOptions,
     pack_slot,
     read_window_manifest,
     storage_from_uri,
@@ -44,8 +45,8 @@ def test_windows_commit_to_l2_and_serve_a_sidecar_that_lost_its_memory(make_sett
     s0, t0 = make_settings(0, 1, **_l2(minio_server))
     first = sidecars(s0)
     cat = Catalog(redis_server.url, job, 1)
-    storage, prefix = storage_from_uri(s0.persist_uri, endpoint=minio_server.endpoint,
-                                       access_key=minio_server.access_key, secret_key=minio_server.secret_key)
+    storage, prefix = storage_from_uri(s0.persist_uri, StorageOptions(
+        endpoint=minio_server.endpoint, access_key=minio_server.access_key, secret_key=minio_server.secret_key))
     slots = {step: _slot(job, step) for step in range(4, 18)}
     with SidecarClient(t0) as c0:
         for step in range(4, 12):

@@ -236,10 +236,11 @@ class ClusterBed:
     # ------------------------------------------------------------------ storage and clean-up
     def storage(self) -> tuple[Any, str]:
         """``(storage, prefix)`` of the trials' L2 URI in the cluster's MinIO."""
-        from lifeline.checkpoint import storage_from_uri
+        from lifeline.checkpoint import StorageOptions, storage_from_uri
 
-        return storage_from_uri(L2_URI, endpoint=self.dc.minio_endpoint, access_key=self.dc.minio_access_key,
-                                secret_key=self.dc.minio_secret_key)
+        return storage_from_uri(L2_URI, StorageOptions(endpoint=self.dc.minio_endpoint,
+                                                       access_key=self.dc.minio_access_key,
+                                                       secret_key=self.dc.minio_secret_key))
 
     def heal(self, *, timeout: float = 180.0) -> None:
         """Bring back every node a trial killed and a MinIO still down; wait until all are Ready."""

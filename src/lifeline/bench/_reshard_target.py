@@ -68,11 +68,12 @@ class _Peers:
                 "bytes_by_tier": rep.bytes_by_tier, "local_bytes": rep.local_bytes, "fallbacks": len(rep.fallbacks)}
 
     def l2(self) -> dict[str, Any]:
-        from lifeline.checkpoint import load, storage_from_uri
+        from lifeline.checkpoint import StorageOptions, load, storage_from_uri
 
         s = self.settings
-        storage, prefix = storage_from_uri(s.persist_uri, endpoint=s.s3_endpoint, access_key=s.s3_access_key,
-                                           secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure)
+        storage, prefix = storage_from_uri(s.persist_uri, StorageOptions(
+            endpoint=s.s3_endpoint, access_key=s.s3_access_key, secret_key=s.s3_secret_key.get_secret_value(),
+            secure=s.s3_secure))
         rep = load(storage, prefix, s.job, self.step, self.layout, self.rank, RULES, self.into)
         return {"needed_bytes": rep.needed_bytes, "read_bytes": rep.read_bytes,
                 "bytes_by_tier": {"L0": 0, "L1": 0, "L2": rep.read_bytes}, "fallbacks": len(rep.fallbacks)}

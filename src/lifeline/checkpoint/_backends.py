@@ -1,7 +1,7 @@
-"""The storage backends of this machine (files, process memory) and :func:`storage_from_uri`.
+"""The storage backends of this machine (files, process memory).
 
 Both satisfy :class:`~lifeline.checkpoint.Storage`; see ``_storage`` for the optional
-capabilities each offers. The S3 backend is in ``_s3``.
+capabilities each offers. The S3 backend is in ``_s3``; URIs are resolved in ``_resolve``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from lifeline.checkpoint._direct import enable_direct, probe_direct, write_direct, write_pipelined
-from lifeline.checkpoint._storage import Storage, buffer_views
+from lifeline.checkpoint._storage import buffer_views
 from lifeline.errors import StorageError
 
-__all__ = ["FilesystemStorage", "MemoryStorage", "storage_from_uri"]
+__all__ = ["FilesystemStorage", "MemoryStorage"]
 
 
 def _check_key(key: str) -> str:
@@ -300,32 +300,3 @@ class MemoryStorage:
     def keys(self) -> Iterator[str]:
         """Every key, sorted (a snapshot)."""
         return iter(self.list(""))
-
-
-def storage_from_uri(uri: str, **options: Any) -> tuple[Storage, str]:
-    """``(storage, prefix)`` for ``s3://bucket/prefix``, ``file:///path`` or a plain path.
-
-    S3 options (``endpoint``, ``access_key``, ``secret_key``, ``secure``, ...) come from
-    ``options`` or the environment (``LIFELINE_S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``). ``memory://`` gives a fresh :class:`MemoryStorage`.
-    For a filesystem path the storage root is the path and the prefix is empty; ``options``
-    go to :class:`FilesystemStorage` (``fsync``, ``direct``). Raises :class:`StorageError`
-    naming the URI when an ``s3://`` URI lacks a bucket, endpoint or credentials.
-    """
-    if uri.startswith("s3://"):
-        # imported here: the S3 client (minio, urllib3) is loaded only by those who use S3
-        from lifeline.checkpoint._s3 import S3Storage
-
-        bucket, _, prefix = uri[5:].partition("/")
-        endpoint = options.pop("endpoint", None) or os.environ.get("LIFELINE_S3_ENDPOINT")
-        access = options.pop("access_key", None) or os.environ.get("AWS_ACCESS_KEY_ID")
-        secret = options.pop("secret_key", None) or os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if not endpoint or not access or not secret or not bucket:
-            raise StorageError(
-                f"{uri}: need a bucket, endpoint and credentials (options or LIFELINE_S3_ENDPOINT, "
-                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", key=uri)
-        return S3Storage(endpoint, access, secret, bucket, **options), prefix.strip("/")
-    if uri.startswith("memory://"):
-        return MemoryStorage(), uri[len("memory://"):].strip("/")
-    path = uri[len("file://"):] if uri.startswith("file://") else uri
-    return FilesystemStorage(path, **options), ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import urllib3
 from minio import Minio
@@ -13,6 +13,9 @@ from minio.error import S3Error, ServerError
 
 from lifeline.checkpoint._storage import buffer_views
 from lifeline.errors import StorageError
+
+if TYPE_CHECKING:
+    from lifeline.checkpoint._s3_upload import S3Uploader
 
 __all__ = ["S3Storage"]
 
@@ -111,6 +114,8 @@ class S3Storage:
         if part_size < 5 << 20:
             raise StorageError(f"part_size={part_size} is below S3's 5 MiB minimum")
         self.endpoint, self.bucket, self.part_size = endpoint, bucket, part_size
+        self.secure, self.timeout_s = secure, timeout_s
+        self._credentials = (access_key, secret_key)
         self.max_concurrency, self.retries, self.backoff_s = max_concurrency, retries, backoff_s
         http = urllib3.PoolManager(
             maxsize=max(4, 2 * max_concurrency),
@@ -124,6 +129,16 @@ class S3Storage:
 
     def __repr__(self) -> str:
         return f"S3Storage({self.endpoint!r}, bucket={self.bucket!r})"
+
+    def uploader(self, *, retries: int | None = None) -> S3Uploader:
+        """A new :class:`~lifeline.checkpoint._s3_upload.S3Uploader` to this bucket with this storage's part
+        size and parallelism (:class:`~lifeline.checkpoint.SupportsUploader`): parts straight from memory,
+        crc32c-checked in transit; ``retries`` per request (``None``: this storage's)."""
+        from lifeline.checkpoint._s3_upload import S3Uploader
+
+        return S3Uploader(self.endpoint, *self._credentials, self.bucket, secure=self.secure,
+                          part_size=self.part_size, concurrency=self.max_concurrency,
+                          retries=self.retries if retries is None else retries, timeout_s=self.timeout_s)
 
     def _retry(self, what: str, key: str, fn: Callable[[], T]) -> T:
         delay = self.backoff_s

@@ -1,13 +1,14 @@
 """The storage contract: the :class:`Storage` protocol and the optional capabilities a backend may add.
 
-Every backend (:class:`FilesystemStorage`, :class:`MemoryStorage`, :class:`S3Storage`, or your
-own) satisfies :class:`Storage`. The fast paths of the checkpoint code each need one more
-capability, a small protocol of its own: code that can use one checks it once, with
+Every backend (:class:`FilesystemStorage`, :class:`MemoryStorage`, :class:`S3Storage`,
+:class:`AzureStorage`, or your own) satisfies :class:`Storage`. The fast paths of the checkpoint
+code each need one more capability, a small protocol of its own: code that can use one checks it once, with
 ``isinstance`` against the protocol (they are all runtime-checkable), when it sets up (a
 reader, a save, a verification), and falls back to the plain :class:`Storage` methods when
 the backend lacks it. Which backend offers what: :class:`SupportsSize` and
-:class:`SupportsGetInto` all three; :class:`SupportsGetPiecesInto`, :class:`SupportsPutStream`
-and :class:`ReadTuning` the filesystem only.
+:class:`SupportsGetInto` all four; :class:`SupportsGetPiecesInto`, :class:`SupportsPutStream`
+and :class:`ReadTuning` the filesystem only; :class:`SupportsPutUnsized` S3 and Azure;
+:class:`SupportsUploader` S3.
 
 ``isinstance`` looks for the capability's members on the object: a wrapper that forwards
 to another storage through ``__getattr__`` is seen to have them on Python 3.11 but not from
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
-__all__ = ["Storage", "SupportsSize", "SupportsGetInto", "SupportsGetPiecesInto", "SupportsPutStream", "ReadTuning",
-           "buffer_views"]
+__all__ = ["Storage", "SupportsSize", "SupportsGetInto", "SupportsGetPiecesInto", "SupportsPutStream",
+           "SupportsPutUnsized", "SupportsUploader", "Uploader", "ReadTuning", "buffer_views"]
 
 
 @runtime_checkable
@@ -87,6 +88,38 @@ class SupportsPutStream(Protocol):
         """Store the concatenation of ``pieces`` (bytes-like objects, consumed once, in order) under
         ``key``, atomically as :meth:`Storage.put`. An exception from ``pieces`` aborts the write
         and leaves ``key`` untouched."""
+
+
+@runtime_checkable
+class SupportsPutUnsized(Protocol):
+    """A storage that writes an object of unknown length from buffers as they are produced, holding
+    one upload part at a time (S3's multipart upload; the streamed import uses it). Unlike
+    :class:`SupportsPutStream` it is not the fused save path: each part is a copy."""
+
+    def put_unsized(self, key: str, pieces: Iterable[Any]) -> None:
+        """Store the concatenation of ``pieces`` under ``key``, atomically as :meth:`Storage.put`;
+        a failure leaves no object behind."""
+
+
+@runtime_checkable
+class Uploader(Protocol):
+    """Uploads whole objects for the sidecar's persister (see :class:`SupportsUploader`)."""
+
+    def put(self, key: str, data: Any) -> None:
+        """Store ``data`` (a buffer or a list of them, in order) under ``key`` atomically."""
+
+    def close(self) -> None:
+        """Release the connections and threads."""
+
+
+@runtime_checkable
+class SupportsUploader(Protocol):
+    """A storage with an upload path faster than its :meth:`Storage.put` for large buffers taken
+    straight from memory (S3: parts from the arena, unsigned payloads, crc32c in transit). The
+    sidecar persists through it when the storage declares it, through ``put`` otherwise."""
+
+    def uploader(self, *, retries: int | None = None) -> Uploader:
+        """A new :class:`Uploader` to the same place; ``retries`` per request (``None``: the storage's)."""
 
 
 @runtime_checkable

@@ -26,17 +26,16 @@ from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._persist import fused_put
 from lifeline.checkpoint._plan import BytesPlan, ChunkPlan, plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
-from lifeline.checkpoint._s3 import S3Storage
-from lifeline.checkpoint._storage import Storage, SupportsPutStream
+from lifeline.checkpoint._storage import Storage, SupportsPutStream, SupportsPutUnsized
 from lifeline.errors import LayoutError
 
 __all__ = ["TensorSpec", "import_streamed"]
 
 
 class _Unsized:
-    """``put_stream`` over :meth:`S3Storage.put_unsized` (a multipart upload fed part by part)."""
+    """``put_stream`` over :meth:`SupportsPutUnsized.put_unsized` (S3: a multipart upload fed part by part)."""
 
-    def __init__(self, storage: S3Storage) -> None:
+    def __init__(self, storage: SupportsPutUnsized) -> None:
         self.storage = storage
 
     def put_stream(self, key: str, pieces: Any) -> None:
@@ -76,7 +75,7 @@ def import_streamed(storage: Storage, prefix: str, job: str, step: int, entries:
         for name, spec in entries.items()}
     layout = Layout()
     plan = plan_shard(skeleton, layout, 0, PatternRules(default=Replicated()))
-    if not isinstance(storage, (SupportsPutStream, S3Storage)):
+    if not isinstance(storage, (SupportsPutStream, SupportsPutUnsized)):
         state = {k: load(k) if isinstance(v, TensorSpec) else v for k, v in entries.items()}
         blob = bytearray(plan.nbytes)
         write_shard(plan, state, blob)

@@ -10,7 +10,6 @@ The checkpoint code (torch) and rich are imported inside the commands so ``lifel
 
 from __future__ import annotations
 
-
 import re
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from lifeline.checkpoint._resolve import SCHEMES, StorageOptions, storage_from_uri, uri_scheme
 from lifeline.checkpoint._storage import Storage
 from lifeline.errors import ConfigError
 
@@ -37,12 +37,23 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _MANIFEST = re.compile(r"(?P<job>[^/]+)/(?P<step>\d{12})/manifest\.json")
 
 
-def _storage(uri: str, endpoint: Optional[str], access: Optional[str], secret: Optional[str], insecure: bool, *,
-             create: bool = False) -> tuple[Storage, str]:
-    """``(storage, prefix)`` of ``uri``; a :class:`ConfigError` naming the URI or flag when it cannot be used."""
-    from lifeline.checkpoint import storage_from_uri
+def cli_options(endpoint: Optional[str], access: Optional[str], secret: Optional[str],
+                insecure: bool) -> StorageOptions:
+    """The :class:`StorageOptions` of the ``--s3-*`` flags (the environment fills what they leave out)."""
+    return StorageOptions(endpoint=endpoint, access_key=access, secret_key=secret, secure=not insecure)
 
-    if uri.startswith("s3://"):
+
+def cli_storage(uri: str, endpoint: Optional[str], access: Optional[str], secret: Optional[str], insecure: bool, *,
+                create: bool = False) -> tuple[Storage, str]:
+    """``(storage, prefix)`` of a checkpoint root given on the command line, opened through
+    :func:`~lifeline.checkpoint.storage_from_uri`; the ``ckpt`` and ``densify`` commands use it.
+
+    Raises:
+        ConfigError: a URI or flag that cannot be used, naming it (an S3 bucket name, a missing
+            ``--s3-*`` flag, a path that is not a directory; ``create``: its parent must be one).
+    """
+    scheme = uri_scheme(uri)
+    if scheme == "s3":
         bucket = uri[5:].split("/", 1)[0]
         if not _BUCKET.fullmatch(bucket):
             raise ConfigError(f"{uri}: {bucket!r} is not an S3 bucket name (3-63 lower-case letters, digits, '.', "
@@ -52,15 +63,15 @@ def _storage(uri: str, endpoint: Optional[str], access: Optional[str], secret: O
         if missing:
             raise ConfigError(f"{uri} needs {', '.join(missing)} (or LIFELINE_S3_ENDPOINT, LIFELINE_S3_ACCESS_KEY, "
                               "LIFELINE_S3_SECRET_KEY)", field=missing[0])
-        return storage_from_uri(uri, endpoint=endpoint, access_key=access, secret_key=secret, secure=not insecure)
-    if "://" in uri and not uri.startswith("file://"):
+    elif scheme == "file":
+        path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+        if not path.is_dir() and not (create and not path.exists() and path.parent.is_dir()):
+            what = "is not a directory" if path.exists() else "does not exist"
+            raise ConfigError(f"{uri} {what}: give the checkpoint root (a directory, file:///path or "
+                              "s3://bucket/prefix)", field="URI")
+    elif scheme not in SCHEMES or scheme == "memory":
         raise ConfigError(f"{uri}: use a path, file:///path or s3://bucket/prefix", field="URI")
-    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
-    if not path.is_dir() and not (create and not path.exists() and path.parent.is_dir()):
-        what = "is not a directory" if path.exists() else "does not exist"
-        raise ConfigError(f"{uri} {what}: give the checkpoint root (a directory, file:///path or s3://bucket/prefix)",
-                          field="URI")
-    return storage_from_uri(str(path), fsync=True)
+    return storage_from_uri(uri, cli_options(endpoint, access, secret, insecure))
 
 
 def _jobs(storage: Storage, prefix: str) -> dict[str, list[int]]:
@@ -110,7 +121,7 @@ def ls_command(uri: str = _URI, job: Optional[str] = typer.Option(None, "--job",
     from rich.console import Console
     from rich.table import Table
 
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     jobs = _jobs(storage, prefix)
     if not jobs:
         raise ConfigError(f"{uri} is not a checkpoint store: it holds no committed checkpoint "
@@ -139,7 +150,7 @@ def show_command(uri: str = _URI, job: str = _JOB, step: Optional[int] = _STEP,
 
     from lifeline.checkpoint import read_manifest, verify_checkpoint
 
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     step = _step(storage, prefix, uri, job, step)
     m = read_manifest(storage, prefix, job, step)
     console = Console()
@@ -176,7 +187,7 @@ def verify_command(uri: str = _URI, job: str = _JOB, step: Optional[int] = _STEP
 
     from lifeline.checkpoint import verify_checkpoint
 
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     step = _step(storage, prefix, uri, job, step)
     t0 = time.perf_counter()
     m = verify_checkpoint(storage, prefix, job, step)
@@ -212,7 +223,7 @@ def export_command(uri: str = _URI, job: str = _JOB,
     from rich.console import Console
 
     _check_out(out, to, force)
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     step = _step(storage, prefix, uri, job, step)
     from lifeline.checkpoint.interop import export_dcp, export_safetensors
 
@@ -239,7 +250,7 @@ def import_command(source: Path = typer.Argument(..., metavar="SOURCE", help="A 
         raise ConfigError(f"SOURCE {source} does not exist", field="SOURCE")
     if step < 0:
         raise ConfigError(f"--step must be >= 0, got {step}", field="--step")
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure, create=True)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure, create=True)
     from lifeline.checkpoint import list_steps
     from lifeline.checkpoint.interop import import_dcp, import_safetensors
 
@@ -260,7 +271,7 @@ def rm_command(uri: str = _URI, job: str = _JOB, step: int = typer.Option(..., "
     """Remove one checkpoint: its manifest first (the step stops existing), then its blobs."""
     from lifeline.checkpoint import delete_step
 
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     step = _step(storage, prefix, uri, job, step)
     delete_step(storage, prefix, job, step)
     typer.echo(f"removed {job} step {step} at {uri}")
@@ -277,7 +288,7 @@ def gc_command(uri: str = _URI, job: str = _JOB,
 
     if keep < 1:
         raise ConfigError(f"--keep must be >= 1 (ckpt rm removes single steps), got {keep}", field="--keep")
-    storage, prefix = _storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
+    storage, prefix = cli_storage(uri, s3_endpoint, s3_access_key, s3_secret_key, s3_insecure)
     steps = _steps(storage, prefix, uri, job)
     doomed = steps[:-keep]
     for s in doomed:

@@ -8,6 +8,8 @@ Public API:
   ``.redis_url``, ``.minio_endpoint``/``.minio_access_key``/``.minio_secret_key``).
 - :class:`RedisServer`, :class:`MinioServer`: real servers on loopback (tests, dev cluster).
 - :mod:`lifeline.devcluster.build`: the from-source build cache.
+- :mod:`lifeline.devcluster.azurite`: :class:`~lifeline.devcluster.azurite.AzuriteServer`, the Azure
+  blob emulator on loopback (installed from npm into the cache on first use; tests).
 
 See docs/devcluster.md.
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 from lifeline.api import TrainingJob
 from lifeline.catalog import Catalog
-from lifeline.checkpoint import Storage, storage_from_uri
+from lifeline.checkpoint import Storage, StorageOptions, storage_from_uri
 from lifeline.devcluster.services import MinioServer, RedisServer
 from lifeline.errors import ConfigError
 
@@ -55,10 +55,8 @@ class Services:
         """``(storage, prefix)`` of the L2 store (``None`` without L2)."""
         if not self.persist_uri:
             return None
-        if self.persist_uri.startswith("s3://"):
-            return storage_from_uri(self.persist_uri, endpoint=self.s3_endpoint, access_key=self.s3_access_key,
-                                    secret_key=self.s3_secret_key)
-        return storage_from_uri(self.persist_uri)
+        return storage_from_uri(self.persist_uri, StorageOptions(
+            endpoint=self.s3_endpoint, access_key=self.s3_access_key, secret_key=self.s3_secret_key))
 
     def catalog(self, job: str, world_size: int) -> Catalog:
         """An admin :class:`~lifeline.catalog.Catalog` of ``job`` (the default user's password)."""

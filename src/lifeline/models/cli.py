@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from lifeline.checkpoint import StorageOptions
 from lifeline.checkpoint.cli import _ACCESS, _ENDPOINT, _INSECURE, _SECRET
 from lifeline.errors import ConfigError
 
@@ -60,11 +61,10 @@ def densify_command(
 
 
 def _storage_args(uri: str, endpoint: Optional[str], access: Optional[str], secret: Optional[str], insecure: bool,
-                  *, create: bool = False) -> tuple[str, dict]:
-    """``(uri, storage_from_uri keyword arguments)`` for a checkpoint root, checked like every ``ckpt`` URI."""
-    from lifeline.checkpoint.cli import _storage
+                  *, create: bool = False) -> tuple[str, StorageOptions]:
+    """``(uri, options)`` for a checkpoint root (what :func:`~lifeline.checkpoint.storage_from_uri` takes), checked
+    like every ``ckpt`` URI."""
+    from lifeline.checkpoint.cli import cli_options, cli_storage
 
-    _storage(uri, endpoint, access, secret, insecure, create=create)  # a ConfigError naming the URI or flag
-    if uri.startswith("s3://"):
-        return uri, {"endpoint": endpoint, "access_key": access, "secret_key": secret, "secure": not insecure}
-    return (uri[len("file://"):] if uri.startswith("file://") else uri), {"fsync": True}
+    cli_storage(uri, endpoint, access, secret, insecure, create=create)  # a ConfigError naming the URI or flag
+    return uri, cli_options(endpoint, access, secret, insecure)

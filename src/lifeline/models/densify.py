@@ -23,10 +23,13 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lifeline.api import TrainingJobSpec
 from lifeline.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from lifeline.checkpoint import StorageOptions
 
 __all__ = ["densify", "latest_window"]
 
@@ -42,15 +45,15 @@ def latest_window(storage: Any, prefix: str, job: str, world_size: int) -> int |
     return max(common) if common else None
 
 
-def densify(spec: TrainingJobSpec, job: str, source: tuple[str, dict[str, Any]], out: tuple[str, dict[str, Any]],
+def densify(spec: TrainingJobSpec, job: str, source: tuple[str, StorageOptions], out: tuple[str, StorageOptions],
             *, start: int | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
     """Convert job ``job``'s sparse window at ``start`` (default: the latest every rank committed) in
     the storage at ``source`` into a dense checkpoint of step ``start + W - 1`` at ``out``.
 
     Args:
         spec: the TrainingJob's spec (layout, model arguments, seed) the window was taken under.
-        source, out: ``(uri, storage_from_uri keyword arguments)`` to read the window from and to
-            write the dense checkpoint to (may be the same store).
+        source, out: ``(uri, StorageOptions)`` (what :func:`~lifeline.checkpoint.storage_from_uri` takes) to
+            read the window from and to write the dense checkpoint to (may be the same store).
         timeout_s: bound on each collective of the conversion run, seconds.
 
     Returns:
@@ -70,7 +73,7 @@ def densify(spec: TrainingJobSpec, job: str, source: tuple[str, dict[str, Any]],
     world = spec.layout.world_size
     model = {"seed": spec.seed, **(spec.model.args if spec.model else {})}
     _config(model, layout)  # bad model arguments fail here, before any process starts
-    storage, prefix = storage_from_uri(source[0], **source[1])
+    storage, prefix = storage_from_uri(*source)
     if start is None:
         start = latest_window(storage, prefix, job, world)
         if start is None:
@@ -78,7 +81,7 @@ def densify(spec: TrainingJobSpec, job: str, source: tuple[str, dict[str, Any]],
                                   job=job)
     manifest = read_window_manifest(storage, prefix, job, 0, start)
     step = manifest.last_step
-    out_storage, out_prefix = storage_from_uri(out[0], **out[1])
+    out_storage, out_prefix = storage_from_uri(*out)
     if step in list_steps(out_storage, out_prefix, job):
         raise CheckpointError(f"{out[0]}: job {job!r} already has a checkpoint of step {step}; remove it "
                               "(lifeline ckpt rm) or write elsewhere (--out)", job=job, step=step)
@@ -133,7 +136,7 @@ def _rank_main(rank: int, world: int, layout_d: dict, model: dict, job: str, sou
     try:
         trainer = GPTMoESpec(config).build(layout, rank)
         trainer.connect(timedelta(seconds=timeout_s))
-        storage, prefix = storage_from_uri(source[0], **source[1])
+        storage, prefix = storage_from_uri(*source)
         window = read_window_manifest(storage, prefix, job, rank, start).window
         slots = _StoredSlots(storage, prefix, job)
         sparse = SparseWindows(lambda: slots, job=job, layout=layout, rank=rank, rules=pattern_rules(config),
@@ -142,7 +145,7 @@ def _rank_main(rank: int, world: int, layout_d: dict, model: dict, job: str, sou
         while trainer.step < start + window - 1:
             result = trainer.train_step()
             sparse.apply(result.step, start, trainer)
-        out_storage, out_prefix = storage_from_uri(out[0], **out[1])
+        out_storage, out_prefix = storage_from_uri(*out)
         StorageCheckpointer(out_storage, out_prefix, job, layout, rank, pattern_rules(config)).save(
             trainer.step, trainer.state())
         Path(tmp, f"rank-{rank}.json").write_text(json.dumps({"bytes_read": slots.bytes_read}))

@@ -11,7 +11,7 @@ from typing import Any
 
 from lifeline.catalog import Catalog
 from lifeline.checkpoint import (Layout, PatternRules, list_steps, load, load_shard, manifest_key, plan_shard,
-                                 read_manifest, storage_from_uri)
+                                 read_manifest, storage_from_uri, StorageOptions)
 from lifeline.errors import CatalogError, CheckpointError, ChecksumError, ManifestError, StorageError
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
@@ -184,11 +184,8 @@ class SidecarCheckpointer:
         uri = getattr(s, "persist_uri", "")
         if not uri:
             return None
-        options: dict[str, Any] = {}
-        if uri.startswith("s3://"):
-            options = dict(endpoint=s.s3_endpoint, access_key=s.s3_access_key,
-                           secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure)
-        return storage_from_uri(uri, **options)
+        return storage_from_uri(uri, StorageOptions(endpoint=s.s3_endpoint, access_key=s.s3_access_key,
+                                                    secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure))
 
     def _reshard(self, step: int | None, saved: Layout, out: dict[str, Any]) -> ReshardReport:
         s = self.settings

@@ -29,14 +29,13 @@ from typing import Any
 
 from lifeline.api.pod import SidecarSettings
 from lifeline.catalog import Catalog, SidecarRegistration
-from lifeline.checkpoint import S3Storage, Storage, storage_from_uri
+from lifeline.checkpoint import Storage, StorageOptions, SupportsUploader, Uploader, storage_from_uri
 from lifeline.errors import ChecksumError
 from lifeline.sidecar import _format, _peer_conn, _trainer_conn
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
 from lifeline.sidecar._restore import Restorer
-from lifeline.sidecar._upload import S3Uploader
 from lifeline.sidecar._windows import WindowPersister
 from lifeline.sidecar._workers import Heartbeat, PersistDue, Persister, Replicator, Watermarks
 from lifeline.sidecar.metrics import SidecarMetrics, serve_http
@@ -136,24 +135,17 @@ class Sidecar:
 
     # ------------------------------------------------------------------ setup
     def _make_storage(self) -> tuple[Storage, str]:
-        """``(storage, prefix)`` for ``LIFELINE_PERSIST_URI`` (S3 options from the settings)."""
+        """``(storage, prefix)`` for ``LIFELINE_PERSIST_URI``, object-storage options from the settings."""
         s = self.s
-        kwargs: dict[str, Any] = {}
-        if s.persist_uri.startswith("s3://"):
-            kwargs = dict(endpoint=s.s3_endpoint, access_key=s.s3_access_key,
-                          secret_key=s.s3_secret_key.get_secret_value(), secure=s.s3_secure, retries=s.persist_retries)
-        return storage_from_uri(s.persist_uri, **kwargs)
+        return storage_from_uri(s.persist_uri, StorageOptions(
+            endpoint=s.s3_endpoint, access_key=s.s3_access_key, secret_key=s.s3_secret_key.get_secret_value(),
+            secure=s.s3_secure, retries=s.persist_retries))
 
-    def _make_uploader(self) -> S3Uploader | None:
-        """The L2 blob uploader for S3 storage (:mod:`._upload`: parts straight from the arena, crc32c-checked
-        in transit), with the storage's bucket, part size and parallelism; ``None`` for other storages."""
+    def _make_uploader(self) -> Uploader | None:
+        """The storage's fast upload path when it declares one (:class:`SupportsUploader`; S3: parts straight
+        from the arena, crc32c-checked in transit); ``None``: the persister calls ``storage.put``."""
         st = self.storage
-        if not isinstance(st, S3Storage):
-            return None
-        access = self.s.s3_access_key or os.environ.get("AWS_ACCESS_KEY_ID", "")
-        secret = self.s.s3_secret_key.get_secret_value() or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
-        return S3Uploader(st.endpoint, access, secret, st.bucket, secure=self.s.s3_secure, part_size=st.part_size,
-                          concurrency=st.max_concurrency, retries=self.s.persist_retries)
+        return st.uploader(retries=self.s.persist_retries) if isinstance(st, SupportsUploader) else None
 
     def _registration(self) -> SidecarRegistration:
         return SidecarRegistration(self.rank, self.s.node, self.s.pod_ip, self.peer_port, self.metrics_port,

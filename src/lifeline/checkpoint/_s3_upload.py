@@ -1,4 +1,5 @@
-"""The sidecar's L2 upload: a parallel S3 multipart upload straight from arena memory.
+"""S3's upload path for large buffers in memory (``S3Storage.uploader()``; the sidecar's L2 persister
+uses it): a parallel multipart upload straight from arena memory.
 
 Same protocol, part size and parallelism as the checkpoint library's ``S3Storage.put`` (minio
 client), with three differences on the hot path:
@@ -31,8 +32,10 @@ from urllib.parse import quote, urlsplit
 
 import urllib3
 
+from lifeline.checkpoint._crc import crc32c
 from lifeline.errors import StorageError
-from lifeline.sidecar._verify import crc32c
+
+__all__ = ["S3Uploader"]
 
 _TRANSIENT = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "XMinioServerNotInitialized",
               "OperationAborted"}
