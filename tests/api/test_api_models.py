@@ -196,3 +196,20 @@ def test_models_are_immutable(body):
     job = load_trainingjob(body)
     with pytest.raises(ValidationError, match="frozen"):
         job.spec.replicas = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("uri", "ok"), [
+    ("s3://lifeline/checkpoints", True), ("s3://Bad_Bucket/x", False),
+    ("az://lifeline/checkpoints", True), ("az://ckpt-2", True), ("az://a--b/x", False), ("az://ab/x", False),
+    ("az://-abc/x", False), ("az://" + "a" * 64, False), ("file:///tmp/l2", True), ("file://relative", False),
+    ("gs://bucket/x", False), ("http://x", False),
+])
+def test_the_crd_pattern_and_the_uri_check_agree(uri, ok):
+    """The CRD's schema (what the API server enforces) and the Python check (``lifeline validate``, the
+    operator) accept and refuse the same L2 URIs, ``az://`` containers included."""
+    import re
+
+    from lifeline.api._names import PERSIST_URI_PATTERN, check_persist_uri
+
+    assert (check_persist_uri(uri) is None) is ok, check_persist_uri(uri)
+    assert bool(re.fullmatch(PERSIST_URI_PATTERN.strip("^$"), uri)) is ok

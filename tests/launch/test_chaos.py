@@ -35,9 +35,9 @@ def reference(tmp_path_factory):
     return ref
 
 
-def _trial(tmp_path, reference, *faults: str, s3: bool = False) -> dict:
+def _trial(tmp_path, reference, *faults: str, s3: bool = False, uri: str | None = None) -> dict:
     spec = TrialSpec(0, tuple(parse_injection(f, world_size=WORLD, steps=STEPS) for f in faults))
-    uri = "s3://lifeline/chaos" if s3 else f"file://{tmp_path / 'l2'}"
+    uri = uri or ("s3://lifeline/chaos" if s3 else f"file://{tmp_path / 'l2'}")
     s = run_trial(DOC, spec, tmp_path / "state", persist_uri=uri, timeout=900)
     problems = verdict(s, reference)
     assert problems == [], json.dumps({"problems": problems, "recoveries": s["recoveries"], "faults": s["faults"]},
@@ -91,3 +91,11 @@ def test_flipped_l1_and_l2_copies_a_kill_during_a_recovery_and_a_node_loss(tmp_p
     _detected(s, "L1")
     _detected(s, "L2")
     assert "ReplacePods" in {r["action"] for r in s["recoveries"]}
+
+
+def test_l2_on_azure_blob_storage_survives_a_node_loss_and_a_flipped_l2_copy(tmp_path, reference):
+    """``persist.uri: az://...``: ``lifeline run`` starts Azurite as it starts MinIO for ``s3://``; the run
+    ends bit-identical to the reference (whose L2 is a directory), the flipped L2 blob is detected."""
+    s = _trial(tmp_path, reference, "node:rank=1:step=5", "flip:rank=0:step=9:tier=L2", uri="az://lifeline/chaos")
+    _detected(s, "L2")
+    assert s["digest"]["source"] == "L2" and "ReplacePods" in {r["action"] for r in s["recoveries"]}

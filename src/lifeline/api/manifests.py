@@ -207,10 +207,12 @@ def _sidecar_env(job: TrainingJob, config: PodConfig) -> list[dict]:
 
 
 def _s3_env(job: TrainingJob, config: PodConfig, settings: type) -> list[dict]:
-    """Object-storage access for ``s3://`` persist URIs (the sidecar persists there; the trainer
-    reads it when restoring into another layout); empty for other URIs."""
+    """Object-storage access for ``s3://`` and ``az://`` persist URIs (the sidecar persists there; the
+    trainer reads it when restoring into another layout); empty for other URIs. The variables keep
+    their S3 names for both: for ``az://`` the endpoint is the account URL and the keys are the
+    account name and key (:func:`lifeline.checkpoint.storage_from_uri` reads them by scheme)."""
     ck = job.spec.checkpoint
-    if ck.persist is None or not ck.persist.uri.startswith("s3://"):
+    if ck.persist is None or not ck.persist.uri.startswith(("s3://", "az://")):
         return []
     secret = secret_name(job.metadata["name"])
     return [

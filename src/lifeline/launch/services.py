@@ -8,7 +8,13 @@
 * L2: ``--persist-uri`` if given; else the spec's ``checkpoint.persist.uri`` — a ``file://`` URI
   as written, an ``s3://`` URI on ``--s3-endpoint`` if given, otherwise on a MinIO server started
   here with its data under the state dir (so a second run with the same state dir finds the
-  checkpoints of the first). No ``persist`` in the spec and no ``--persist-uri``: no L2.
+  checkpoints of the first); an ``az://`` URI on the account of ``LIFELINE_AZURE_ACCOUNT``/
+  ``LIFELINE_AZURE_KEY`` (``LIFELINE_AZURE_ENDPOINT`` or ``--s3-endpoint``: its account URL) if
+  given, otherwise on an Azurite blob service started here the same way. The ranks get the object
+  store's endpoint and credentials through the pod settings' object-storage fields (named
+  ``s3_*``: for ``az://`` they carry the account URL, account and key; the one resolver,
+  :func:`lifeline.checkpoint.storage_from_uri`, reads them by scheme). No ``persist`` in the spec
+  and no ``--persist-uri``: no L2.
 """
 
 from __future__ import annotations
@@ -78,7 +84,8 @@ class Services:
 
 def prepare_binaries(job: TrainingJob, *, persist_uri: str | None = None, s3_endpoint: str = "") -> float:
     """Build what :func:`start_services` will run and is not built yet (MinIO, from source, when the L2
-    URI is ``s3://`` and no ``s3_endpoint`` is given), so that a run's wall time leaves the build out.
+    URI is ``s3://``; Azurite, from npm, when it is ``az://``; neither when ``s3_endpoint`` is given), so
+    that a run's wall time leaves the build out.
 
     Returns:
         Seconds spent (0.0 when nothing was needed or everything was cached).
@@ -89,12 +96,17 @@ def prepare_binaries(job: TrainingJob, *, persist_uri: str | None = None, s3_end
     import time
 
     uri = persist_uri or (job.spec.checkpoint.persist.uri if job.spec.checkpoint.persist else None)
-    if uri is None or not uri.startswith("s3://") or s3_endpoint:
+    if uri is None or s3_endpoint or not uri.startswith(("s3://", "az://")):
         return 0.0
-    from lifeline.devcluster import build
-
     t0 = time.monotonic()
-    build.binary("minio")
+    if uri.startswith("az://"):
+        from lifeline.devcluster.azurite import ensure_azurite
+
+        ensure_azurite()
+    else:
+        from lifeline.devcluster import build
+
+        build.binary("minio")
     return time.monotonic() - t0
 
 
@@ -145,12 +157,25 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
             _ensure_bucket(s3_endpoint, access, secret, uri)
             services.persist_uri, services.s3_endpoint = uri, s3_endpoint
             services.s3_access_key, services.s3_secret_key = access, secret
+        elif uri.startswith("az://"):
+            endpoint = s3_endpoint or os.environ.get("LIFELINE_AZURE_ENDPOINT", "")
+            account = os.environ.get("LIFELINE_AZURE_ACCOUNT", "")
+            key = os.environ.get("LIFELINE_AZURE_KEY", "")
+            if not (account and key):  # no account given: the Azure emulator, started here
+                from lifeline.devcluster.azurite import AzuriteServer
+
+                azurite = AzuriteServer(state_dir=state_dir / "azurite").start()
+                services.servers.append(azurite)
+                endpoint, account, key = azurite.endpoint, azurite.account, azurite.key
+            services.persist_uri, services.s3_endpoint = uri, endpoint
+            services.s3_access_key, services.s3_secret_key = account, key
         elif uri.startswith("file://") or "://" not in uri:
             path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
             path.mkdir(parents=True, exist_ok=True)
             services.persist_uri = f"file://{path.resolve()}"
         else:
-            raise ConfigError(f"persist URI {uri!r}: use s3://bucket/prefix, file:///path or a path",
+            raise ConfigError(f"persist URI {uri!r}: use s3://bucket/prefix, az://container/prefix, file:///path or "
+                              "a path",
                               field="spec.checkpoint.persist.uri")
         return services
     except BaseException:
