@@ -210,6 +210,10 @@ def test_log_coverage_is_recorded_once_the_entries_reached_the_peer_and_never_ac
         b.stop()  # before any replication: step 1's entry reaches no peer
         c0.put_log(LogKey(0, 0, 0, "fwd"), act)
         c0.log_done(1, 1)
+        # both attempts at the dead peer failed before the replacement registers: a slower replicator
+        # would otherwise send step 1's entry to the replacement, and step 1 would be covered (a CI run)
+        wait_for(lambda: _metric(a, "lifeline_sidecar_errors_total", kind="peer") >= 2,
+                 what="step 1's entry failed at the dead peer")
         s1_new, _ = make_settings(1, 2, node="n9", ip="127.0.0.9", arena="r1-new", peer_replicas=1)
         b_new = sidecars(s1_new)
         wait_for(lambda: cat.sidecar(1).host == "127.0.0.9", what="the replacement peer registered")
