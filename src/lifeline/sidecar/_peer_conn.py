@@ -24,15 +24,15 @@ from lifeline.sidecar._frames import crc32c
 from lifeline.sidecar._verify import BlobVerifier
 from lifeline.sidecar.store import Holding
 
-if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
-    from lifeline.sidecar.server import Sidecar
+if TYPE_CHECKING:  # what these handlers may use of the sidecar (no import of server: no circle)
+    from lifeline.sidecar._roles import PeerSide
 
 log = logging.getLogger("lifeline.sidecar.peer")
 
 _PIECE = 1 << 20  # bytes per recv_into: verified while still in the CPU cache
 
 
-def serve_peer(sc: Sidecar, conn: socket.socket, addr) -> None:
+def serve_peer(sc: PeerSide, conn: socket.socket, addr) -> None:
     """Authenticate, then serve requests until the peer closes (or a frame is refused)."""
     peer = f"{addr[0]}:{addr[1]}"
     conn.settimeout(60.0)
@@ -53,7 +53,7 @@ def serve_peer(sc: Sidecar, conn: socket.socket, addr) -> None:
         ch.close()
 
 
-def _serve(sc: Sidecar, ch: Channel, peer: str) -> None:
+def _serve(sc: PeerSide, ch: Channel, peer: str) -> None:
     while not sc.stopping.is_set():
         msg = ch.recv_ctrl()
         op = msg.get("op")
@@ -85,7 +85,7 @@ def verify_blob(kind: str, meta: str, blob: memoryview, *, step: int, rank: int)
             raise ChecksumError("upstream-log entry failed its crc32c", rank=rank, step=step, tier="L1")
 
 
-def _put(sc: Sidecar, ch: Channel, msg: dict, peer: str) -> bool:
+def _put(sc: PeerSide, ch: Channel, msg: dict, peer: str) -> bool:
     kind, name = msg["kind"], msg.get("name", "")
     step, rank, n, meta = int(msg["step"]), int(msg["rank"]), int(msg["nbytes"]), msg["meta"]
     if kind not in ("shard", "ulog") or n < 0:
@@ -141,7 +141,7 @@ def _put(sc: Sidecar, ch: Channel, msg: dict, peer: str) -> bool:
     return True
 
 
-def _get(sc: Sidecar, ch: Channel, msg: dict) -> None:
+def _get(sc: PeerSide, ch: Channel, msg: dict) -> None:
     kind, name, step, rank = msg["kind"], msg.get("name", ""), int(msg["step"]), int(msg["rank"])
     h = sc.store.pin(kind, step, rank, name)
     if h is None:

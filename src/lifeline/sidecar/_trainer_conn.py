@@ -29,13 +29,13 @@ from lifeline.errors import LifelineError, PeerError
 from lifeline.sidecar import ulog
 from lifeline.sidecar._frames import recv_ctrl, send_ctrl
 
-if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
-    from lifeline.sidecar.server import Sidecar
+if TYPE_CHECKING:  # what these handlers may use of the sidecar (no import of server: no circle)
+    from lifeline.sidecar._roles import TrainerSide
 
 log = logging.getLogger("lifeline.sidecar.trainer")
 
 
-def serve_trainer(sc: Sidecar, conn: socket.socket, addr) -> None:
+def serve_trainer(sc: TrainerSide, conn: socket.socket, addr) -> None:
     """Serve one trainer connection until it closes; lent slots and pins are returned on exit."""
     s = sc.s
     send_ctrl(conn, {"op": "hello", "rank": sc.rank, "job": sc.job, "slots": s.slots, "slot_bytes": s.slot_bytes,
@@ -112,7 +112,7 @@ def serve_trainer(sc: Sidecar, conn: socket.socket, addr) -> None:
             sc.unpin(h)
 
 
-def _acquire(sc: Sidecar, conn, msg, lent: set[int]) -> None:
+def _acquire(sc: TrainerSide, conn, msg, lent: set[int]) -> None:
     nbytes = int(msg["nbytes"])
     if nbytes > sc.s.slot_bytes:
         raise LifelineError(

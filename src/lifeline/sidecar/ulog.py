@@ -27,15 +27,15 @@ from lifeline.sidecar._logkey import LogKey
 from lifeline.sidecar._workers import CoverageMark
 from lifeline.sidecar.store import Holding
 
-if TYPE_CHECKING:  # the server these handlers belong to (no import at run time)
-    from lifeline.sidecar.server import Sidecar
+if TYPE_CHECKING:  # what these handlers may use of the sidecar (no import of server: no circle)
+    from lifeline.sidecar._roles import LogSide
 
 __all__ = ["LogKey", "serve_trainer_op"]
 
 log = logging.getLogger("lifeline.sidecar.ulog")
 
 
-def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
+def serve_trainer_op(sc: LogSide, conn, msg: dict) -> None:
     """Serve ``log_put`` / ``log_get`` / ``log_done`` / ``log_gc`` from the trainer connection."""
     op = msg["op"]
     if op == "log_put":
@@ -79,7 +79,7 @@ def serve_trainer_op(sc: Sidecar, conn, msg: dict) -> None:
         send_ctrl(conn, {"op": "ok", "dropped": dropped})
 
 
-def _find(sc: Sidecar, key: LogKey, rank: int) -> tuple[memoryview, str]:
+def _find(sc: LogSide, key: LogKey, rank: int) -> tuple[memoryview, str]:
     h = sc.store.pin("ulog", key.iteration, rank, key.name)
     if h is not None:
         try:
