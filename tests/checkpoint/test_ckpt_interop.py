@@ -92,7 +92,7 @@ def _spy_loader(full: dict[str, torch.Tensor]):
 def test_a_streamed_import_holds_a_few_tensors_at_a_time_and_loads_into_any_layout(tmp_path, backend, request):
     from lifeline.checkpoint import S3Storage, consolidate
     from lifeline.checkpoint import load as ckpt_load
-    from lifeline.checkpoint._streamed import TensorSpec, import_streamed
+    from lifeline.checkpoint._import_stream import TensorSpec, import_streamed
 
     if backend == "s3":
         minio = request.getfixturevalue("minio_server")
@@ -121,7 +121,7 @@ def test_a_streamed_import_holds_a_few_tensors_at_a_time_and_loads_into_any_layo
 
 def test_a_streamed_import_that_reads_a_wrong_tensor_commits_nothing(tmp_path):
     from lifeline.checkpoint import list_steps
-    from lifeline.checkpoint._streamed import TensorSpec, import_streamed
+    from lifeline.checkpoint._import_stream import TensorSpec, import_streamed
     from lifeline.errors import LayoutError
 
     storage = FilesystemStorage(tmp_path / "store", fsync=False)

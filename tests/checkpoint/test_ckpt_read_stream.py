@@ -11,7 +11,7 @@ import torch
 
 from lifeline.checkpoint import FilesystemStorage, Layout, PatternRules, Replicated, Sharded, StorageBlobReader, blob_key
 from lifeline.checkpoint import execute_load, plan_load, read_manifest, save_states, shard_state
-from lifeline.checkpoint._stream import FAST_READ, PIPELINE_PIECE, ReadStream, pipeline_piece
+from lifeline.checkpoint._read_stream import FAST_READ, PIPELINE_PIECE, ReadStream, pipeline_piece
 from lifeline.errors import ChecksumError, StorageError
 
 KiB = 1 << 10

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from lifeline.cli import app
 from lifeline.errors import ConfigError
-from lifeline.launch.local import find_runs, open_run, stop_run
+from lifeline.launch.local_runs import find_runs, open_run, stop_run
 
 from ._cli import run_cli
 from .test_bad_input import job

@@ -90,7 +90,7 @@ def test_a_spare_becomes_the_assigned_python_command_with_its_env_log_and_exit_c
     import sys
 
     from lifeline.launch.env import ProcessSpec
-    from lifeline.launch.spares import Spare
+    from lifeline.launch.spare_pool import Spare
 
     script = tmp_path / "container.py"
     script.write_text("import os, sys, json\n"
@@ -120,7 +120,7 @@ def test_a_spare_assigned_while_still_importing_runs_the_assignment(tmp_path):
     import sys
 
     from lifeline.launch.env import ProcessSpec
-    from lifeline.launch.spares import Spare
+    from lifeline.launch.spare_pool import Spare
 
     script = tmp_path / "container.py"
     script.write_text("import sys\nprint('assigned ran')\nsys.exit(0)\n")
@@ -141,7 +141,7 @@ def test_a_spare_runs_python_modules_in_process_and_execs_other_commands(tmp_pat
     import sys
 
     from lifeline.launch.env import ProcessSpec
-    from lifeline.launch.spares import Spare
+    from lifeline.launch.spare_pool import Spare
 
     (tmp_path / "in.json").write_text('{"b": 1, "a": [2]}')
     base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}
@@ -166,7 +166,7 @@ def test_a_spare_runs_python_modules_in_process_and_execs_other_commands(tmp_pat
 def test_a_spare_pool_fills_one_at_a_time_and_hands_out_spares_by_node_and_role(tmp_path, monkeypatch):
     import os
 
-    import lifeline.launch.spares as spares
+    import lifeline.launch.spare_pool as spares
 
     monkeypatch.setattr(spares, "PRELOAD", {"trainer": ("json",), "sidecar": ("json",)})  # light spares
     base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}

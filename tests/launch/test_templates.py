@@ -26,7 +26,7 @@ def _template(tmp_path, modules=("json",), **env):
 
 
 def test_a_forked_spare_is_our_child_and_runs_its_assignment_with_its_env_log_and_exit_code(tmp_path):
-    from lifeline.launch.spares import Spare
+    from lifeline.launch.spare_pool import Spare
 
     script = tmp_path / "container.py"
     script.write_text("import os, sys, json\n"
@@ -51,7 +51,7 @@ def test_a_forked_spare_is_our_child_and_runs_its_assignment_with_its_env_log_an
 
 
 def test_a_signal_to_a_forked_spare_is_seen_in_its_exit_status(tmp_path):
-    from lifeline.launch.spares import Spare
+    from lifeline.launch.spare_pool import Spare
 
     template = _template(tmp_path)
     try:
@@ -68,7 +68,7 @@ def test_a_signal_to_a_forked_spare_is_seen_in_its_exit_status(tmp_path):
 
 
 def test_a_template_with_a_second_thread_refuses_to_fork_and_the_pool_starts_fresh_spares(tmp_path, monkeypatch):
-    import lifeline.launch.spares as spares
+    import lifeline.launch.spare_pool as spares
 
     (tmp_path / "threaded.py").write_text("import threading, time\n"
                                           "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
@@ -90,7 +90,7 @@ def test_a_template_with_a_second_thread_refuses_to_fork_and_the_pool_starts_fre
 
 
 def test_a_pool_with_templates_forks_every_wanted_spare_once_the_template_is_ready(tmp_path, monkeypatch):
-    import lifeline.launch.spares as spares
+    import lifeline.launch.spare_pool as spares
     from lifeline.launch.templates import ForkedProcess
 
     monkeypatch.setattr(spares, "PRELOAD", {"trainer": ("json",), "sidecar": ("json",)})

@@ -1,4 +1,4 @@
-"""Pipeline schedules as data (``_schedules.py``): model-checked against gloo's rendezvous semantics.
+"""Pipeline schedules as data (``_pipeline_schedules.py``): model-checked against gloo's rendezvous semantics.
 
 Every stage's op list is run by a small simulator in which a transfer completes only once the
 neighbour has posted its complement (gloo's ``send`` waits for the matching ``recv``), the two
@@ -13,7 +13,7 @@ import pytest
 
 from lifeline.errors import ConfigError
 from lifeline.models.gpt_moe import GPTMoEConfig, check
-from lifeline.models.gpt_moe._schedules import (BWD, FWD, Compute, Exchange, Op, peak_in_flight,
+from lifeline.models.gpt_moe._pipeline_schedules import (BWD, FWD, Compute, Exchange, Op, peak_in_flight,
                                                 schedule_ops)
 
 

@@ -31,7 +31,7 @@ from lifeline.operator.recorded import Recorded
 
 def decide(spec, recorded, obs, status, *, now):
     """The operator's decide with the status as the API server holds it (wire form)."""
-    return _decide.decide(spec, recorded, obs, TrainingJobStatus.model_validate(status), now=now)
+    return _decide.decide_from_cluster(spec, recorded, obs, TrainingJobStatus.model_validate(status), now=now)
 
 NOW = 1_800_000_000.0
 NODES = ["node-a", "node-b", "node-c"]

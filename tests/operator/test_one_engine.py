@@ -2,7 +2,7 @@
 as the API server and Redis show them) and by ``lifeline run`` (processes, local nodes, the same
 catalog), gives the same plans, round after round.
 
-Each runner's own gathering is the code under test (``lifeline.operator.decide.decide`` from pod
+Each runner's own gathering is the code under test (``lifeline.operator.decide.decide_from_cluster`` from pod
 dicts; ``lifeline.launch._observe.observed_of`` from process states, then
 ``lifeline.control.decide`` as the supervisor calls it). The launcher's pods are a unit-test double
 of :class:`lifeline.launch._pods.Pod` (real processes are exercised by tests/launch).
@@ -85,7 +85,7 @@ def _operator_round(job, world: World, recorded: Recorded, status: dict, now: fl
     cluster = ClusterState(nodes=tuple(dataclasses.replace(n, capacity=1) for n in node_states(nodes)))
     obs = Observation(pods={r: _pod(job, world, r) for r in range(4)}, nodes={n["metadata"]["name"]: n for n in nodes},
                       cluster=cluster, catalog=world.view(), at=now)
-    return operator.decide(job.spec, recorded, obs, TrainingJobStatus.model_validate(status), now=now,
+    return operator.decide_from_cluster(job.spec, recorded, obs, TrainingJobStatus.model_validate(status), now=now,
                            last_seen=last_seen)
 
 

@@ -20,7 +20,7 @@ Rows (all measured in the same run, the same 4-rank GPT-MoE job, PP=2 x DP=2):
 Time to resume counts from the kill to every rank having trained past the step the job had
 reached (rework included); ``detect_seconds`` is the part until the supervisor acted.
 
-Lifeline's rows run with pre-warmed spare processes (``lifeline.launch.spares``; the pool is warm
+Lifeline's rows run with pre-warmed spare processes (``lifeline.launch.spare_pool``; the pool is warm
 before the ranks start, so the first failure meets it) and carry ``breakdown``: seconds from the
 kill to each point of the recovery, from the supervisor's record and the trainers' event lines —
 ``noticed`` (supervisor saw the exit), ``survivors_failed`` (the last survivor reported its

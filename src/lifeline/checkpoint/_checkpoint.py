@@ -15,11 +15,11 @@ from lifeline.checkpoint._keys import MANIFEST_RE, blob_key, manifest_key, step_
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._loader import LoadReport, execute_load
 from lifeline.checkpoint._manifest import Manifest
-from lifeline.checkpoint._metadata import DEFAULT_BLOCK_SIZE, ShardMetadata, seal_entries, seal_shard
+from lifeline.checkpoint._shard_metadata import DEFAULT_BLOCK_SIZE, ShardMetadata, seal_entries, seal_shard
 from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._persist import fused_put
-from lifeline.checkpoint._plan import ALIGN, ShardPlan, dtype_from_name, plan_shard, shard_buffers, write_shard
-from lifeline.checkpoint._planner import plan_load
+from lifeline.checkpoint._shard_plan import ALIGN, ShardPlan, dtype_from_name, plan_shard, shard_buffers, write_shard
+from lifeline.checkpoint._load_plan import plan_load
 from lifeline.checkpoint._readers import BlobReader, StorageBlobReader
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.checkpoint._storage import Storage, SupportsPutStream, SupportsSize

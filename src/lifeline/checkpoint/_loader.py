@@ -15,11 +15,11 @@ from typing import Any, MutableMapping, Sequence
 import torch
 
 from lifeline.checkpoint._manifest import Manifest
-from lifeline.checkpoint._plan import copy_into, dtype_from_name
-from lifeline.checkpoint._planner import CopyOp, LoadPlan
+from lifeline.checkpoint._shard_plan import copy_into, dtype_from_name
+from lifeline.checkpoint._load_plan import CopyOp, LoadPlan
 from lifeline.checkpoint._readers import BlobReader, SupportsReadInto, SupportsReadPiecesInto
 from lifeline.checkpoint._storage import ReadTuning
-from lifeline.checkpoint._stream import PIPELINE_AHEAD, PIPELINE_PIECE, ReadStream, pipeline_piece
+from lifeline.checkpoint._read_stream import PIPELINE_AHEAD, PIPELINE_PIECE, ReadStream, pipeline_piece
 from lifeline.checkpoint._verify import ReadChecks, Segment
 from lifeline.errors import ChecksumError, StorageError
 

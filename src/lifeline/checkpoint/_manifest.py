@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from lifeline.checkpoint._layout import Layout
-from lifeline.checkpoint._metadata import BytesMeta, ChunkMeta, ShardMetadata
+from lifeline.checkpoint._shard_metadata import BytesMeta, ChunkMeta, ShardMetadata
 from lifeline.errors import FormatVersionError, ManifestError
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "ChunkRef", "TensorRecord", "Manifest"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from lifeline.checkpoint._crc import crc32c, crc32c_blocks
-from lifeline.checkpoint._metadata import ShardMetadata, check_block_size, chunk_block_size, seal_with
-from lifeline.checkpoint._plan import BytesPlan, ChunkPlan, ShardPlan
+from lifeline.checkpoint._shard_metadata import ShardMetadata, check_block_size, chunk_block_size, seal_with
+from lifeline.checkpoint._shard_plan import BytesPlan, ChunkPlan, ShardPlan
 from lifeline.checkpoint._storage import SupportsPutStream
 from lifeline.errors import LayoutError
 

@@ -46,7 +46,7 @@ class SupportsReadInto(Protocol):
 @runtime_checkable
 class SupportsReadPiecesInto(Protocol):
     """A blob reader that streams many ranges of one blob in one call (the pipelined load's reader
-    thread uses it; see ``_stream``)."""
+    thread uses it; see ``_read_stream``)."""
 
     def read_pieces_into(self, step: int, rank: int, pieces: Iterable[tuple[int, Any]]) -> Iterator[int]:
         """Fill each ``(offset, out)`` of ``pieces`` in order (``out`` as in

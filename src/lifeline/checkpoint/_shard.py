@@ -9,7 +9,7 @@ import torch
 
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._patterns import Expert, Zero1
-from lifeline.checkpoint._plan import local_pieces
+from lifeline.checkpoint._shard_plan import local_pieces
 from lifeline.checkpoint._rules import PatternRules
 
 __all__ = ["shard_state", "local_shape"]

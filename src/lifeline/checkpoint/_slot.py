@@ -27,8 +27,8 @@ import torch
 
 from lifeline.checkpoint._blob import read_shard
 from lifeline.checkpoint._layout import Layout
-from lifeline.checkpoint._metadata import ShardMetadata, seal_shard
-from lifeline.checkpoint._plan import plan_shard, write_shard
+from lifeline.checkpoint._shard_metadata import ShardMetadata, seal_shard
+from lifeline.checkpoint._shard_plan import plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import ChecksumError, ConfigError, ManifestError
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lifeline.checkpoint._planner import LoadPlan
+from lifeline.checkpoint._load_plan import LoadPlan
 from lifeline.errors import ChecksumError
 
 __all__ = ["Segment", "ReadChecks"]

@@ -40,7 +40,7 @@ from lifeline.checkpoint._checkpoint import consolidate, read_manifest
 from lifeline.checkpoint._manifest import Manifest
 from lifeline.checkpoint._readers import StorageBlobReader
 from lifeline.checkpoint._storage import Storage
-from lifeline.checkpoint._streamed import TensorSpec, import_streamed
+from lifeline.checkpoint._import_stream import TensorSpec, import_streamed
 from lifeline.errors import ManifestError, StorageError
 
 __all__ = ["export_dcp", "import_dcp", "export_safetensors", "import_safetensors"]
@@ -117,7 +117,7 @@ def import_dcp(path: str | os.PathLike, storage: Storage, prefix: str, job: str,
                names: Sequence[str] | None = None) -> Manifest:
     """Import the DCP checkpoint at ``path`` as checkpoint ``step`` of ``job`` (one rank, every tensor whole).
 
-    Streamed (:func:`~lifeline.checkpoint._streamed.import_streamed`): the byte items are read
+    Streamed (:func:`~lifeline.checkpoint._import_stream.import_streamed`): the byte items are read
     first, then each tensor is read (``dcp.load`` of that one tensor, resharded from however many
     ranks saved it) only when its bytes are written. DCP byte items become byte entries (their raw
     bytes, or the ``torch.save`` pickle of a non-bytes object). Load it into any layout with
@@ -231,7 +231,7 @@ def import_safetensors(path: str | os.PathLike, storage: Storage, prefix: str, j
     """Import a safetensors file of full tensors as checkpoint ``step`` of ``job``: one rank, every tensor
     with the ``replicated`` pattern, so any layout loads it (the planner slices what each rank needs).
 
-    Streamed (:func:`~lifeline.checkpoint._streamed.import_streamed`): shapes and dtypes come from the
+    Streamed (:func:`~lifeline.checkpoint._import_stream.import_streamed`): shapes and dtypes come from the
     file's header, and each tensor is read (memory-mapped) only when its bytes are written, so a
     model's weights larger than this machine's memory import too.
 

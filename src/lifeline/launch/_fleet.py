@@ -19,7 +19,7 @@ from lifeline.launch._pods import Pod, stop_all
 from lifeline.launch._records import LaunchOptions
 from lifeline.launch.env import RankProcesses, Secrets, node_ip, rank_processes
 from lifeline.launch.services import Services
-from lifeline.launch.spares import Spare, SparePool, spare_env, wanted_spares
+from lifeline.launch.spare_pool import Spare, SparePool, spare_env, wanted_spares
 from lifeline.launch.templates import await_ready
 
 __all__ = ["Fleet"]
@@ -108,7 +108,7 @@ class Fleet:
             pass
 
     def wanted(self, node_of_rank: Mapping[int, str], cool_downs: Mapping[str, float]) -> list[tuple[str, str, int]]:
-        """The spares to keep (:func:`lifeline.launch.spares.wanted_spares`)."""
+        """The spares to keep (:func:`lifeline.launch.spare_pool.wanted_spares`)."""
         return wanted_spares(node_of_rank, self.nodes, cool_downs, per_node=self.options.spares_per_node,
                              standby_nodes=self.options.standby_nodes, now=time.time())
 

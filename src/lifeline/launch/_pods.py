@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeline.launch.env import ProcessSpec, RankProcesses
-from lifeline.launch.spares import Spare
+from lifeline.launch.spare_pool import Spare
 
 __all__ = ["Pod", "start_process", "stop_process", "stop_all"]
 
@@ -82,7 +82,7 @@ class Pod:
 
     def start_sidecar(self, spare: Spare | None = None) -> None:
         """Start the sidecar on a fresh arena directory (the pod's Memory-backed emptyDir), in
-        ``spare`` (a pre-warmed or forked process, see :mod:`lifeline.launch.spares`) when given."""
+        ``spare`` (a pre-warmed or forked process, see :mod:`lifeline.launch.spare_pool`) when given."""
         shutil.rmtree(self.spec.arena_dir, ignore_errors=True)
         self.spec.arena_dir.mkdir(parents=True, exist_ok=True)
         self.sidecar_started_at = time.time()

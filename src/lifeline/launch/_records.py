@@ -34,7 +34,7 @@ class LaunchOptions:
         extra_env: variables for every process (e.g. shorter timeouts in tests).
         spares_per_node: pre-warmed trainer processes kept on every node that runs a rank (an
             in-place restart takes one instead of starting Python and torch), and pre-warmed
-            sidecar + trainer pairs on each standby node (see :mod:`lifeline.launch.spares`);
+            sidecar + trainer pairs on each standby node (see :mod:`lifeline.launch.spare_pool`);
             0 turns spares off.
         standby_nodes: free nodes that keep spares for replacements: the first ones by name,
             which are the nodes ``lifeline.control`` places replacements on.

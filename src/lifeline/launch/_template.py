@@ -2,7 +2,7 @@
 
 ``python -m lifeline.launch._template MODULE [MODULE ...]`` is started by
 :class:`lifeline.launch.templates.Template` with a Unix socket to the launcher on its stdin. It
-imports each ``MODULE`` as a spare would (:func:`lifeline.launch._spare.preload`), checks that it
+imports each ``MODULE`` as a spare would (:func:`lifeline.launch._spare_process.preload`), checks that it
 is still single-threaded (a fork copies only the calling thread: a thread pool's other threads
 would be gone in the child with their locks held), and writes one JSON line on the socket::
 
@@ -15,7 +15,7 @@ orphaned and adopted by the launcher, which made itself a child subreaper
 (``PR_SET_CHILD_SUBREAPER``): the spare is the launcher's own child, with its exit status and
 signals, exactly as a spare the launcher started itself. The reply, sent once the middle process
 has been reaped (so the adoption has happened), is ``{"pid": N}``. The spare continues in
-:func:`lifeline.launch._spare.serve` with the descriptors as its stdin, stdout and stderr: it is
+:func:`lifeline.launch._spare_process.serve` with the descriptors as its stdin, stdout and stderr: it is
 a spare that has paid its imports in a few milliseconds (copy-on-write pages) instead of seconds.
 
 EOF on the socket (the launcher went away) ends the template with exit 0.
@@ -28,7 +28,7 @@ import os
 import socket
 import sys
 
-from lifeline.launch._spare import preload, serve
+from lifeline.launch._spare_process import preload, serve
 
 __all__ = ["main"]
 

@@ -76,7 +76,7 @@ def run_command(
                      spares_per_node=spares_per_node, standby_nodes=standby_nodes, timeout=timeout,
                      node_return_seconds=node_return_seconds)
     from lifeline.launch.display import ProgressDisplay
-    from lifeline.launch.local import write_run_record, write_summary
+    from lifeline.launch.local_runs import write_run_record, write_summary
     from lifeline.launch.services import prepare_binaries
     from lifeline.launch.summary import summarize
     from lifeline.launch.supervisor import LaunchOptions, Supervisor

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from lifeline.launch.local import RUNS_ROOT, find_runs, follow, log_files, open_run, stop_run
+from lifeline.launch.local_runs import RUNS_ROOT, find_runs, follow, log_files, open_run, stop_run
 
 __all__ = ["jobs_command", "describe_command", "logs_command", "stop_command"]
 
@@ -52,7 +52,7 @@ def describe_command(job: str = _JOB, root: Path = _ROOT,
         return
     from rich.console import Console
 
-    from lifeline.launch.local import _alive
+    from lifeline.launch.local_runs import _alive
 
     console = Console()
     console.print(f"[bold]{run.name}[/]  {run.status}  state dir {run.state_dir}")

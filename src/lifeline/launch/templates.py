@@ -1,6 +1,6 @@
 """Template processes: spares forked in milliseconds from one process that paid the imports.
 
-A fresh spare (:mod:`lifeline.launch.spares`) costs what a fresh rank process costs: 3–5 CPU-seconds
+A fresh spare (:mod:`lifeline.launch.spare_pool`) costs what a fresh rank process costs: 3–5 CPU-seconds
 of Python, torch, dynamo and the runtime's modules, every time. On two shared cores a 4-rank run
 paid that for 8 rank processes, their spares and every restart — most of the CPU a recovery test
 spent. A :class:`Template` pays it once per role: ``python -m lifeline.launch._template MODULE...``
@@ -12,7 +12,7 @@ started here. The protocol is in :mod:`lifeline.launch._template`.
 
 What a forked spare shares with its template and a fresh spare would not: the hash seed of
 ``str`` (``PYTHONHASHSEED``) and anything the imports computed from the environment; the
-template's environment is the role's base environment (:func:`lifeline.launch.spares.spare_env`),
+template's environment is the role's base environment (:func:`lifeline.launch.spare_pool.spare_env`),
 as a fresh spare's is. ``random`` reseeds itself after a fork. Linux only; anywhere a template
 cannot run (no subreaper, a template that failed its single-thread check or died) the pool falls
 back to fresh spares.

@@ -1,7 +1,7 @@
 """One reconcile's decision: the cluster's pods turned into control's signals, :func:`lifeline.control.decide`
 asked what to do, and its answer turned into the pods to delete and create (pure).
 
-:func:`decide` gathers what Kubernetes shows (pods, their containers, nodes, which sidecars run
+:func:`decide_from_cluster` gathers what Kubernetes shows (pods, their containers, nodes, which sidecars run
 where) into a :class:`lifeline.control.Observed`, leaves every rule to the one decision engine of
 both runners, and adds what is Kubernetes' own: which pod incarnations the current plan still
 replaces, which pods are missing, and the failed container runs the plan answers (recorded so a
@@ -29,7 +29,7 @@ from lifeline.operator.observe import (
 )
 from lifeline.operator.recorded import Recorded
 
-__all__ = ["Reconcile", "decide", "record_of", "recreated", "source_holders"]
+__all__ = ["Reconcile", "decide_from_cluster", "record_of", "recreated", "source_holders"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ def _finished(pods: Mapping[int, Mapping[str, Any]], world: int) -> bool:
     return True
 
 
-def decide(spec: TrainingJobSpec, recorded: Recorded, obs: Observation, status: TrainingJobStatus, *,
-           now: float, last_seen: Mapping[tuple[int, str], float] | None = None) -> Reconcile:
+def decide_from_cluster(spec: TrainingJobSpec, recorded: Recorded, obs: Observation, status: TrainingJobStatus, *,
+                        now: float, last_seen: Mapping[tuple[int, str], float] | None = None) -> Reconcile:
     """Decide this reconcile's phase and pod actions.
 
     Args:

@@ -44,7 +44,7 @@ from lifeline.errors import CatalogError
 from lifeline.operator import events, metrics
 from lifeline.operator.access import ensure_network_policy, ensure_redis_user, ensure_secret
 from lifeline.operator.capacity import pod_requests
-from lifeline.operator.decide import Reconcile, decide
+from lifeline.operator.decide import Reconcile, decide_from_cluster
 from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
@@ -304,7 +304,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
                       persist_every=persist.every if persist else 0)
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
-        d = decide(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
+        d = decide_from_cluster(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
         if d.plan is not None and d.plan.reads_memory_while_training and not _spare(
                 catalog, d.plan, job.spec.recovery.startup_grace_seconds):
             # a grow's step left the sidecars' memory since the catalog was read: plan it at the next resync

@@ -1,8 +1,8 @@
 """One step's micro-batches on one pipeline stage, run in the order of a schedule.
 
-:class:`PipelineStep` walks the ops of :func:`~lifeline.models.gpt_moe._schedules.schedule_ops`
-(GPipe or 1F1B): a :class:`~lifeline.models.gpt_moe._schedules.Compute` runs one micro-batch's
-forward or backward pass, an :class:`~lifeline.models.gpt_moe._schedules.Exchange` moves tensors
+:class:`PipelineStep` walks the ops of :func:`~lifeline.models.gpt_moe._pipeline_schedules.schedule_ops`
+(GPipe or 1F1B): a :class:`~lifeline.models.gpt_moe._pipeline_schedules.Compute` runs one micro-batch's
+forward or backward pass, an :class:`~lifeline.models.gpt_moe._pipeline_schedules.Exchange` moves tensors
 across the stage's boundaries. Live, an exchange of one transfer is a blocking gloo ``send`` or
 ``recv``; one of two posts ``irecv`` and ``isend`` and then waits on both (so the two neighbours
 of a steady-state 1F1B round never wait on each other). In a replay every receive reads the
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lifeline.models.gpt_moe._config import GPTMoEConfig
-from lifeline.models.gpt_moe._schedules import BWD, FWD, Compute, Exchange, Op, Transfer
+from lifeline.models.gpt_moe._pipeline_schedules import BWD, FWD, Compute, Exchange, Op, Transfer
 
 __all__ = ["PipelineStep", "StepTotals"]
 

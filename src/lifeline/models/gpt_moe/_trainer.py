@@ -22,8 +22,8 @@ from lifeline.models.gpt_moe._operators import expert_operator, stage_operators
 from lifeline.models.gpt_moe._parallel import ParallelContext
 from lifeline.models.gpt_moe._patterns import pattern_rules
 from lifeline.models.gpt_moe._pipeline import PipelineStep
-from lifeline.models.gpt_moe._schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
-from lifeline.models.gpt_moe._schedules import schedule_ops
+from lifeline.models.gpt_moe._lr_schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
+from lifeline.models.gpt_moe._pipeline_schedules import schedule_ops
 from lifeline.models.gpt_moe._stage import GPTMoEStage
 from lifeline.models.gpt_moe._state import load_state, state
 from lifeline.models.gpt_moe._zero import Zero1AdamW
@@ -79,7 +79,7 @@ class GPTMoETrainer:
       ``cfg.micro_batches`` micro-batches in the order of ``cfg.schedule``: GPipe (Huang et al.
       2019, §2.2: all forwards, then all backwards) or 1F1B (PipeDream-Flush, Narayanan et al.
       2021, §2.2), sending activations forward and their gradients backward with gloo
-      point-to-point on the default process group (:mod:`~lifeline.models.gpt_moe._schedules`,
+      point-to-point on the default process group (:mod:`~lifeline.models.gpt_moe._pipeline_schedules`,
       :mod:`~lifeline.models.gpt_moe._pipeline`). Both accumulate gradients in micro-batch
       order: a run is bit-identical under either schedule.
     * Tensor parallel (Megatron-LM, Shoeybi et al. 2019, §3): the stage's attention, shared expert

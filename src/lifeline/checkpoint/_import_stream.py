@@ -21,10 +21,10 @@ from lifeline.checkpoint._checkpoint import commit, save
 from lifeline.checkpoint._keys import blob_key
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._manifest import Manifest
-from lifeline.checkpoint._metadata import DEFAULT_BLOCK_SIZE, seal_shard
+from lifeline.checkpoint._shard_metadata import DEFAULT_BLOCK_SIZE, seal_shard
 from lifeline.checkpoint._patterns import Replicated
 from lifeline.checkpoint._persist import fused_put
-from lifeline.checkpoint._plan import BytesPlan, ChunkPlan, plan_shard, write_shard
+from lifeline.checkpoint._shard_plan import BytesPlan, ChunkPlan, plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.checkpoint._storage import Storage, SupportsPutStream, SupportsPutUnsized
 from lifeline.errors import LayoutError

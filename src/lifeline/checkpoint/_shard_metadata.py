@@ -15,7 +15,7 @@ import numpy as np
 from lifeline.checkpoint._crc import crc32c, crc32c_blocks
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._patterns import pattern_to_dict
-from lifeline.checkpoint._plan import ShardPlan, as_uint8, dtype_from_name
+from lifeline.checkpoint._shard_plan import ShardPlan, as_uint8, dtype_from_name
 from lifeline.errors import ChecksumError, ManifestError
 
 __all__ = [

@@ -3,7 +3,7 @@
 Starting ``python -m lifeline trainer`` costs seconds before the first line of the runtime runs
 (interpreter, torch, the model's modules: 2–4 s on two shared cores), and that time is most of an
 in-place restart or a replacement. A :class:`Spare` is a process of the launcher's Python that has
-already imported those modules and waits on its stdin for an assignment (``lifeline.launch._spare``);
+already imported those modules and waits on its stdin for an assignment (``lifeline.launch._spare_process``);
 :meth:`Spare.assign` hands it a container's argv, environment and log, and it becomes that
 container — same command, same ``LIFELINE_*`` environment as a fresh process, same log file.
 
@@ -73,7 +73,7 @@ class Spare:
         log.parent.mkdir(parents=True, exist_ok=True)
         preload = list(PRELOAD[role] if modules is None else modules)
         with open(log, "ab") as handle:
-            proc = subprocess.Popen([sys.executable, "-m", "lifeline.launch._spare", *preload], env=dict(env),
+            proc = subprocess.Popen([sys.executable, "-m", "lifeline.launch._spare_process", *preload], env=dict(env),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle, close_fds=True)
         return cls(node, role, proc)
 

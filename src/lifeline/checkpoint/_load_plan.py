@@ -19,9 +19,9 @@ import torch
 
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._manifest import ChunkRef, Manifest
-from lifeline.checkpoint._metadata import BytesMeta
+from lifeline.checkpoint._shard_metadata import BytesMeta
 from lifeline.checkpoint._patterns import Piece, intersect_boxes
-from lifeline.checkpoint._plan import dtype_from_name, dtype_name, local_pieces
+from lifeline.checkpoint._shard_plan import dtype_from_name, dtype_name, local_pieces
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import LayoutError, ManifestError
 

@@ -1,6 +1,6 @@
 """The spare process: import the heavy modules now, take a container's command later.
 
-``python -m lifeline.launch._spare MODULE [MODULE ...]`` imports each ``MODULE`` (torch, the
+``python -m lifeline.launch._spare_process MODULE [MODULE ...]`` imports each ``MODULE`` (torch, the
 runtime, the model; a module that fails to import is reported on stderr and skipped), warms
 torch's autograd with one tiny backward pass, writes ``ready`` on stdout and blocks on stdin for
 one assignment — a JSON line::
