@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lifeline.launch import _flip
+from lifeline.launch import find_slot, flip_file, flip_in_process, flip_offset, flip_stored
 from lifeline.launch.faults import FiredFault
 from lifeline.launch.inject import Injection
 
@@ -180,7 +180,7 @@ class ClusterBed:
             if raw is None:
                 continue
             meta = ShardMetadata.from_json(raw)
-            found = _flip.find_slot(arena, meta)
+            found = find_slot(arena, meta)
             if found is not None:
                 yield step, meta, found[0], found[1]
 
@@ -191,7 +191,7 @@ class ClusterBed:
             self._kill(name, inj.rank, "trainer")
             time.sleep(1.0)  # the save handed over before the kill is sealed and filed
             for step, meta, path, _ in self._copies(name, inj.rank, catalog, pod):
-                _flip.flip_file(path, _flip.flip_offset(meta))
+                flip_file(path, flip_offset(meta))
                 rec.copies.append({"step": step, "rank": inj.rank, "tier": "L0", "holder": inj.rank,
                                    "where": str(path)})
         elif inj.tier == "L1":
@@ -201,7 +201,7 @@ class ClusterBed:
                 for h in sorted(catalog.holders(step, inj.rank), key=lambda h: h.holder or 0):
                     holder = pods.get(h.holder) if h.tier == "L1" else None
                     pid = self.pid(holder, "sidecar") if holder is not None else None
-                    if pid and _flip.flip_in_process(pid, blob, _flip.flip_offset(meta)):
+                    if pid and flip_in_process(pid, blob, flip_offset(meta)):
                         rec.copies.append({"step": step, "rank": inj.rank, "tier": "L1", "holder": h.holder,
                                            "where": f"sidecar pid {pid}"})
                 if rec.copies:
@@ -230,7 +230,7 @@ class ClusterBed:
             manifest = read_manifest(storage, prefix, name, max(steps))
             c = max((ref.chunk for t in manifest.tensors.values() for ref in t.chunks if ref.rank == inj.rank),
                     key=lambda c: (c.byte_length, -c.byte_offset))
-            key = _flip.flip_stored(storage, prefix, name, max(steps), inj.rank, c.byte_offset + c.byte_length // 2)
+            key = flip_stored(storage, prefix, name, max(steps), inj.rank, c.byte_offset + c.byte_length // 2)
             rec.copies.append({"step": max(steps), "rank": inj.rank, "tier": "L2", "holder": None, "where": key})
 
     # ------------------------------------------------------------------ storage and clean-up

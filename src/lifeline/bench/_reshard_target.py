@@ -95,7 +95,7 @@ class _Peers:
 
 def _crcs(state: dict[str, torch.Tensor]) -> dict[str, int]:
     """crc32c of every tensor's bytes."""
-    from lifeline.checkpoint._crc import crc32c
+    from lifeline.checkpoint import crc32c
 
     return {k: crc32c(memoryview(v.contiguous().view(-1).view(torch.uint8).numpy())) for k, v in state.items()}
 

@@ -24,6 +24,7 @@ for _module, _names in {
                  "SupportsPutUnsized", "SupportsUploader", "Uploader", "ReadTuning"],
     "_backends": ["FilesystemStorage", "MemoryStorage"],
     "_resolve": ["StorageOptions", "SCHEMES", "storage_from_uri", "uri_scheme"],
+    "_crc": ["crc32c", "crc32c_blocks"],
     "_s3": ["S3Storage"],
     "_azure": ["AzureStorage"],
     "_readers": ["BlobReader", "SupportsReadInto", "SupportsReadPiecesInto", "StorageBlobReader"],

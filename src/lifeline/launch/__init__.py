@@ -28,6 +28,12 @@ _EXPORTS = {
     "SparePool": "spare_pool",
     "Template": "templates",
     "ForkedProcess": "templates",
+    "FLIP_MASK": "_flip",
+    "flip_offset": "_flip",
+    "find_slot": "_flip",
+    "flip_file": "_flip",
+    "flip_in_process": "_flip",
+    "flip_stored": "_flip",
     "summarize": "summary",
     "state_digest": "summary",
 }

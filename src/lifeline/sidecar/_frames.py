@@ -16,7 +16,7 @@ import socket
 import struct
 from typing import Any
 
-from lifeline.checkpoint._crc import crc32c as _crc
+from lifeline.checkpoint import crc32c as _crc
 from lifeline.errors import ChecksumError, PeerError
 
 HEADER = struct.Struct("!BB2xIQ")

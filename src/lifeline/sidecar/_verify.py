@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from lifeline.checkpoint import ShardMetadata
-from lifeline.checkpoint._crc import crc32c as _portable_crc32c
+from lifeline.checkpoint import crc32c as _portable_crc32c
 from lifeline.errors import ChecksumError
 
 
