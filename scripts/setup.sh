@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up Lifeline on a fresh machine: a virtual environment in .venv with the package
-# and its test and azure extras. Idempotent and quick when already done. Needs Python 3.11+ and
-# (for the dev cluster, built later on first use and cached) a Go toolchain; the Azure storage
-# tests install the Azurite emulator with npm on first use (cached too).
+# and its test, azure and gcs extras. Idempotent and quick when already done. Needs Python 3.11+ and
+# (for the dev cluster and the GCS tests' fake-gcs-server, built later on first use and cached) a Go
+# toolchain; the Azure storage tests install the Azurite emulator with npm on first use (cached too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,6 +12,6 @@ fi
 stamp=.venv/.lifeline-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test,azure]'
+  .venv/bin/python -m pip install -q -e '.[test,azure,gcs]'
   touch "$stamp"
 fi

@@ -7,6 +7,9 @@
 - ``azurite_server`` (session): a real Azurite blob service (the Azure Storage emulator) on
   loopback, installed from npm into the cache on first use. Use ``.endpoint`` (the account URL),
   ``.account``, ``.key`` or ``.connection_string``.
+- ``gcs_server`` (session): a real fake-gcs-server (a Google Cloud Storage emulator) on loopback,
+  built from source on first use when the cache is cold. Use ``.endpoint`` (the JSON API's base URL;
+  anonymous access).
 - ``devcluster`` (session): a real Kubernetes control plane (etcd, kube-apiserver,
   kube-controller-manager, kube-scheduler) with 3 process nodes, Redis and MinIO; a
   :class:`lifeline.devcluster.DevCluster` (``.kubeconfig``, ``.kubectl(*args, input=...)``
@@ -29,6 +32,7 @@ import uuid
 import pytest
 
 from lifeline.devcluster.azurite import AzuriteServer
+from lifeline.devcluster.fakegcs import FakeGCSServer
 from lifeline.devcluster.services import MinioServer, RedisServer
 
 
@@ -91,6 +95,16 @@ def minio_server():
 def azurite_server():
     """A real Azurite blob service on 127.0.0.1 (session-scoped); ``.endpoint``, ``.account``, ``.key``."""
     server = AzuriteServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A real fake-gcs-server on 127.0.0.1 (session-scoped); ``.endpoint`` is ``http://127.0.0.1:PORT``."""
+    server = FakeGCSServer().start()
     try:
         yield server
     finally:

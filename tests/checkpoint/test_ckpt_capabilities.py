@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import lifeline.checkpoint as ckpt
-from lifeline.checkpoint import (AzureStorage, BlobReader, FilesystemStorage, Layout, MemoryStorage, PatternRules,
-                                 ReadTuning, S3Storage, Sharded, Storage, StorageBlobReader, SupportsGetInto,
-                                 SupportsGetPiecesInto, SupportsPutStream, SupportsReadInto, SupportsReadPiecesInto,
-                                 SupportsSize, blob_key, commit, consolidate, load, persist_state, plan_shard,
-                                 read_manifest, save_states, shard_state, verify_checkpoint)
+from lifeline.checkpoint import (AzureStorage, BlobReader, FilesystemStorage, GCSStorage, Layout, MemoryStorage,
+                                 PatternRules, ReadTuning, S3Storage, Sharded, Storage, StorageBlobReader,
+                                 SupportsGetInto, SupportsGetPiecesInto, SupportsPutStream, SupportsReadInto,
+                                 SupportsReadPiecesInto, SupportsSize, blob_key, commit, consolidate, load,
+                                 persist_state, plan_shard, read_manifest, save_states, shard_state, verify_checkpoint)
 from lifeline.errors import ChecksumError
 
 STORAGE_CAPABILITIES = (SupportsSize, SupportsGetInto, SupportsGetPiecesInto, SupportsPutStream, ReadTuning)
@@ -27,6 +27,11 @@ def _s3() -> S3Storage:
 def _azure() -> AzureStorage:
     # nothing is sent before the first operation either
     return AzureStorage("http://127.0.0.1:9/devstoreaccount1", "devstoreaccount1", "a2V5", "ckpt")
+
+
+def _gcs() -> GCSStorage:
+    # nor here (credentials are looked up on the first request too)
+    return GCSStorage("ckpt", endpoint="http://127.0.0.1:9", credentials="anonymous")
 
 
 class PlainStorage:
@@ -66,8 +71,9 @@ class PlainReader:
     (lambda root: MemoryStorage(), {SupportsSize, SupportsGetInto}),
     (lambda root: _s3(), {SupportsSize, SupportsGetInto}),
     (lambda root: _azure(), {SupportsSize, SupportsGetInto}),
+    (lambda root: _gcs(), {SupportsSize, SupportsGetInto}),
     (lambda root: PlainStorage(), set()),
-], ids=["fs", "memory", "s3", "azure", "plain"])
+], ids=["fs", "memory", "s3", "azure", "gcs", "plain"])
 def test_each_backend_is_a_storage_with_exactly_its_capabilities(tmp_path, make, expected):
     storage = make(tmp_path)
     assert isinstance(storage, Storage)

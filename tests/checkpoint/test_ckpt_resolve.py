@@ -1,5 +1,5 @@
 """One resolver (``storage_from_uri(uri, StorageOptions)``) and capabilities declared by protocols, on real
-storage: the filesystem and MinIO."""
+storage: the filesystem, MinIO, Azurite and fake-gcs-server."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ def test_a_path_a_file_uri_and_memory_resolve_without_options(tmp_path):
     assert not fs.fsync and fs.direct is False
     mem, prefix = storage_from_uri("memory://a/b/")
     assert isinstance(mem, MemoryStorage) and prefix == "a/b"
-    assert {uri_scheme("/x"), uri_scheme("S3://b"), uri_scheme("az://c/p")} == {"file", "s3", "az"}
+    assert {uri_scheme("/x"), uri_scheme("S3://b"), uri_scheme("az://c/p"), uri_scheme("gs://b")} == {
+        "file", "s3", "az", "gs"}
 
 
 @pytest.mark.parametrize("uri, fragment", [
     ("gopher://host/x", "unknown storage scheme 'gopher'"),
     ("s3:///prefix", "needs a bucket"),
+    ("gs:///prefix", "needs a bucket"),
     ("file://", "needs a path"),
 ])
 def test_a_uri_that_cannot_be_used_is_a_storage_error_naming_it(uri, fragment):
@@ -104,3 +106,28 @@ def test_az_uris_resolve_to_azure_blob_storage(azurite_server, monkeypatch):
     az.put(f"{prefix}/blob", memoryview(data))
     assert az.get(f"{prefix}/blob", 0, 10) == data[:10] and az.list(prefix) == [f"{prefix}/blob"]
     assert not isinstance(az, SupportsUploader) and isinstance(az, SupportsPutUnsized)
+
+
+def test_gs_uris_resolve_to_google_cloud_storage(gcs_server, monkeypatch, tmp_path):
+    from lifeline.checkpoint import GCSStorage
+
+    monkeypatch.delenv("LIFELINE_GCS_ENDPOINT", raising=False)
+    bucket = f"resolve-{uuid.uuid4().hex[:8]}"
+    options = StorageOptions(endpoint=gcs_server.endpoint, retries=1, tuning={"chunk_size": 1 << 20})
+    gs, prefix = storage_from_uri(f"gs://{bucket}/run/1/", options)
+    assert isinstance(gs, GCSStorage)
+    assert (gs.bucket, prefix, gs.retries, gs.chunk_size) == (bucket, "run/1", 1, 1 << 20)
+    data = os.urandom((9 << 20) + 5)  # over 8 MiB: a resumable upload
+    gs.put(f"{prefix}/blob", memoryview(data))
+    assert gs.get(f"{prefix}/blob", 0, 10) == data[:10] and gs.list(prefix) == [f"{prefix}/blob"]
+    assert not isinstance(gs, SupportsUploader) and isinstance(gs, SupportsPutUnsized)
+    # the environment names the endpoint too, as host:port (plain HTTP unless `secure`)
+    monkeypatch.setenv("LIFELINE_GCS_ENDPOINT", gcs_server.endpoint.removeprefix("http://"))
+    again, _ = storage_from_uri(f"gs://{bucket}")
+    assert again.endpoint == gcs_server.endpoint and again.size(f"{prefix}/blob") == len(data)
+    # real GCS with a service-account key file that is not there: a StorageError naming the key, no request sent
+    monkeypatch.delenv("LIFELINE_GCS_ENDPOINT")
+    google, _ = storage_from_uri(f"gs://{bucket}", StorageOptions(secret_key=str(tmp_path / "absent.json")))
+    with pytest.raises(StorageError, match="GCS credentials") as err:
+        google.get("k")
+    assert err.value.key == "k" and google.endpoint is None

@@ -1,5 +1,5 @@
-"""The storage backends against real servers: filesystem, MinIO and Azurite (multipart and block uploads, ranged
-GET, errors, retries)."""
+"""The storage backends against real servers: filesystem, MinIO, Azurite and fake-gcs-server (multipart, block and
+resumable uploads, ranged GET, errors, retries)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from lifeline.checkpoint import AzureStorage, FilesystemStorage, MemoryStorage, S3Storage, storage_from_uri
+from lifeline.checkpoint import (AzureStorage, FilesystemStorage, GCSStorage, MemoryStorage, S3Storage,
+                                 storage_from_uri)
 from lifeline.errors import StorageError
 
 
@@ -28,7 +29,15 @@ def azure(azurite_server):
     return st
 
 
-@pytest.fixture(params=["fs", "memory", "s3", "azure"])
+@pytest.fixture(scope="module")
+def gcs(gcs_server):
+    st = GCSStorage(f"storage-{uuid.uuid4().hex[:8]}", endpoint=gcs_server.endpoint, credentials="anonymous",
+                    chunk_size=4 << 20, max_concurrency=3)
+    st.ensure_bucket()
+    return st
+
+
+@pytest.fixture(params=["fs", "memory", "s3", "azure", "gcs"])
 def storage(request, tmp_path):
     if request.param == "fs":
         return FilesystemStorage(tmp_path, fsync=True)
@@ -39,8 +48,8 @@ def storage(request, tmp_path):
 
 def test_put_get_ranges_list_delete(storage):
     ns = uuid.uuid4().hex[:6]
-    # S3: 3 parts; Azure: 3 blocks
-    data = os.urandom(12 << 20) if isinstance(storage, (S3Storage, AzureStorage)) else os.urandom(1 << 20)
+    # S3: 3 parts; Azure: 3 blocks; GCS: a resumable upload of 3 chunks
+    data = os.urandom(12 << 20) if isinstance(storage, (S3Storage, AzureStorage, GCSStorage)) else os.urandom(1 << 20)
     storage.put(f"{ns}/a/x.bin", memoryview(data))
     storage.put(f"{ns}/a/y.json", b"{}")
     storage.put(f"{ns}/b.bin", b"")
@@ -104,16 +113,7 @@ def test_azure_blocks_ranges_and_streamed_put(azure, azurite_server):
     assert err.value.key == f"{ns}/x"
     azure.put_unsized(f"{ns}/s", (data[i:i + 300_000] for i in range(0, len(data), 300_000)))
     assert azure.get(f"{ns}/s") == data
-    azure.put_unsized(f"{ns}/e", iter([]))
-    assert azure.get(f"{ns}/e") == b""
-
-    def failing():
-        yield data[:5 << 20]
-        raise RuntimeError("source failed")
-
-    with pytest.raises(RuntimeError):
-        azure.put_unsized(f"{ns}/s", failing())
-    assert azure.get(f"{ns}/s") == data  # the old object is untouched
+    _unsized_contract(azure, ns, f"{ns}/s", data)
     by_string = AzureStorage.from_connection_string(azurite_server.connection_string, azure.container)
     assert by_string.list(f"{ns}/") == [f"{ns}/e", f"{ns}/s", f"{ns}/x"]
 
@@ -128,6 +128,76 @@ def test_azure_unreachable_account_retries_then_raises_storage_error():
     with pytest.raises(StorageError, match="after 2 attempts") as err:
         st.get("some/key")
     assert err.value.key == "some/key" and time.monotonic() - t0 < 5
+
+
+def test_gcs_resumable_chunks_ranges_and_streamed_put(gcs, gcs_server):
+    ns = uuid.uuid4().hex[:6]
+    data = os.urandom((9 << 20) + 5)
+    seen: list[tuple[str, int]] = []
+
+    def hook(resp, *args, **kwargs):
+        seen.append((resp.request.url, resp.status_code))
+
+    gcs.client._http.hooks["response"].append(hook)
+    try:
+        gcs.put(f"{ns}/x", [memoryview(data)[:100], data[100:]])  # a gather put over 3 chunks
+    finally:
+        gcs.client._http.hooks["response"].remove(hook)
+    # a resumable upload: the session, two chunks answered 308 (more expected), the last one completing it
+    assert [status for url, status in seen if "uploadType=resumable" in url] == [200, 308, 308, 200]
+    assert gcs.size(f"{ns}/x") == len(data)
+    assert gcs.get(f"{ns}/x", 0, 10) == data[:10]  # offset 0 with a length: a ranged read
+    assert gcs.get(f"{ns}/x", 5 << 20) == data[5 << 20:]
+    assert gcs.get(f"{ns}/x", 1, len(data) - 1) == data[1:]  # 3 ranges read in parallel
+    outs = [bytearray(3 << 20), bytearray(7), bytearray(5 << 20)]  # ranges of 4 MiB span the buffers
+    gcs.get_into(f"{ns}/x", 11, outs)
+    assert b"".join(outs) == data[11:11 + (8 << 20) + 7]
+    with pytest.raises(StorageError, match="short read") as err:
+        gcs.get(f"{ns}/x", len(data) - 2, 3)
+    assert err.value.key == f"{ns}/x"
+    with pytest.raises(StorageError, match="outside the object"):
+        gcs.get(f"{ns}/x", len(data) + 10, 5)
+    with pytest.raises(StorageError, match="no such key") as err:
+        gcs.size(f"{ns}/missing")
+    assert err.value.key == f"{ns}/missing"
+
+    new = os.urandom(len(data))
+
+    def streamed(check_old: bool):
+        yield new[:5 << 20]  # one 4 MiB chunk sent, the rest buffered
+        if check_old:
+            assert gcs.get(f"{ns}/x") == data  # mid-upload, readers still see the old object
+        yield new[5 << 20:]
+
+    gcs.put_unsized(f"{ns}/x", streamed(True))
+    assert gcs.get(f"{ns}/x") == new
+    _unsized_contract(gcs, ns, f"{ns}/x", new)
+    assert gcs.list(f"{ns}/") == [f"{ns}/e", f"{ns}/x"]
+
+    absent = GCSStorage(f"absent-{ns}", endpoint=gcs_server.endpoint, credentials="anonymous", create_bucket=False)
+    assert absent.list("") == [] and not absent.exists("k")
+    absent.delete("k")
+    with pytest.raises(StorageError, match="does not exist") as err:
+        absent.put("k", b"v")
+    assert err.value.key == "k"
+
+
+def test_gcs_unreachable_endpoint_retries_then_raises_storage_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: connection refused
+    st = GCSStorage("ckpt", endpoint=f"http://127.0.0.1:{port}", credentials="anonymous", retries=1,
+                    backoff_s=0.01, timeout_s=2)  # a write first looks the bucket up: that failure names the key too
+    t0 = time.monotonic()
+    with pytest.raises(StorageError, match="after 2 attempts") as err:
+        st.get("some/key")
+    assert err.value.key == "some/key"
+    with pytest.raises(StorageError, match="after 2 attempts") as err:
+        st.put("other/key", b"v" * 100)
+    assert err.value.key == "other/key"
+    with pytest.raises(StorageError, match="after 2 attempts") as err:
+        st.put_unsized("third/key", iter([b"v" * 100]))
+    assert err.value.key == "third/key" and time.monotonic() - t0 < 5
 
 
 def test_s3_bad_bucket_name_is_a_storage_error(minio_server):
@@ -149,3 +219,18 @@ def test_storage_from_uri(tmp_path, minio_server, monkeypatch):
     monkeypatch.delenv("LIFELINE_S3_ENDPOINT")
     with pytest.raises(StorageError, match="endpoint"):
         storage_from_uri("s3://uri-test/x")
+
+
+def _unsized_contract(storage, ns: str, key: str, old: bytes) -> None:
+    """``put_unsized`` of nothing stores an empty object; a source that fails leaves ``key`` (holding
+    ``old``) untouched."""
+    storage.put_unsized(f"{ns}/e", iter([]))
+    assert storage.get(f"{ns}/e") == b""
+
+    def failing():
+        yield old[:5 << 20]
+        raise RuntimeError("source failed")
+
+    with pytest.raises(RuntimeError):
+        storage.put_unsized(key, failing())
+    assert storage.get(key) == old  # the old object is untouched

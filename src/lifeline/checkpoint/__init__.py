@@ -27,6 +27,7 @@ for _module, _names in {
     "_crc": ["crc32c", "crc32c_blocks"],
     "_s3": ["S3Storage"],
     "_azure": ["AzureStorage"],
+    "_gcs": ["GCSStorage"],
     "_readers": ["BlobReader", "SupportsReadInto", "SupportsReadPiecesInto", "StorageBlobReader"],
     "_loader": ["LoadReport", "execute_load"],
     "_load_plan": ["LoadPlan", "plan_load"],

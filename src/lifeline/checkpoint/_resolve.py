@@ -25,12 +25,14 @@ class StorageOptions:
     """How to reach the storage a URI names; each backend reads the fields it needs.
 
     Attributes:
-        endpoint: object storage ``host:port`` (``s3://``) or account URL (``az://``); ``None``: the
-            environment's (``LIFELINE_S3_ENDPOINT``; ``LIFELINE_AZURE_ENDPOINT``).
-        access_key: the S3 access key or the Azure account name; ``None``: the environment's
-            (``AWS_ACCESS_KEY_ID``; ``LIFELINE_AZURE_ACCOUNT``).
-        secret_key: the S3 secret key or the Azure account key; ``None``: the environment's
-            (``AWS_SECRET_ACCESS_KEY``; ``LIFELINE_AZURE_KEY``).
+        endpoint: object storage ``host:port`` (``s3://``), account URL (``az://``) or JSON API base URL
+            (``gs://``); ``None``: the environment's (``LIFELINE_S3_ENDPOINT``; ``LIFELINE_AZURE_ENDPOINT``;
+            ``LIFELINE_GCS_ENDPOINT``, else Google's).
+        access_key: the S3 access key, the Azure account name or the GCS project (for new buckets); ``None``:
+            the environment's (``AWS_ACCESS_KEY_ID``; ``LIFELINE_AZURE_ACCOUNT``; the credentials').
+        secret_key: the S3 secret key, the Azure account key or the path of a GCS service-account JSON key
+            file; ``None``: the environment's (``AWS_SECRET_ACCESS_KEY``; ``LIFELINE_AZURE_KEY``; application
+            default credentials, anonymous when a GCS endpoint is given).
         secure: TLS to the endpoint.
         retries: attempts per request after the first on transient errors; ``None``: the backend's.
         fsync: the filesystem backend flushes each object to disk before it is visible.
@@ -102,6 +104,32 @@ def _open_azure(uri: str, options: StorageOptions) -> tuple[Storage, str]:
     return _build(AzureStorage, uri, endpoint, account, key, container, **extra), prefix.strip("/")
 
 
+def _open_gcs(uri: str, options: StorageOptions) -> tuple[Storage, str]:
+    """``gs://bucket/prefix``: Google Cloud Storage, or an emulator when an endpoint is given.
+
+    The endpoint is ``options.endpoint`` or ``LIFELINE_GCS_ENDPOINT`` (a base URL; ``host:port`` gets
+    ``http://``, or ``https://`` when ``options.secure``); without one, Google's. Credentials: with an
+    endpoint and no key file, none (anonymous: fake-gcs-server); else the service-account JSON key file
+    named by ``options.secret_key``, else application default credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
+    gcloud's login, the metadata server), looked up on the first request. ``options.access_key``: the
+    project new buckets are created in (default: the credentials').
+    """
+    from lifeline.checkpoint._gcs import GCSStorage  # the GCS client only for gs:// users (extra "gcs")
+
+    bucket, _, prefix = uri[len("gs://"):].partition("/")
+    if not bucket:
+        raise StorageError(f"{uri}: a gs:// URI needs a bucket (gs://bucket/prefix)", key=uri)
+    endpoint = options.endpoint or os.environ.get("LIFELINE_GCS_ENDPOINT") or None
+    if endpoint and "://" not in endpoint:
+        endpoint = ("https://" if options.secure else "http://") + endpoint
+    credentials = options.secret_key or ("anonymous" if endpoint else None)
+    extra = dict(options.tuning)
+    if options.retries is not None:
+        extra["retries"] = options.retries
+    return (_build(GCSStorage, uri, bucket, endpoint=endpoint, credentials=credentials, project=options.access_key,
+                   **extra), prefix.strip("/"))
+
+
 def _open_file(uri: str, options: StorageOptions) -> tuple[Storage, str]:
     from lifeline.checkpoint._backends import FilesystemStorage  # numpy: not for `lifeline --help`
 
@@ -120,6 +148,7 @@ def _open_memory(uri: str, options: StorageOptions) -> tuple[Storage, str]:
 SCHEMES: dict[str, Callable[[str, StorageOptions], tuple[Storage, str]]] = {
     "s3": _open_s3,
     "az": _open_azure,
+    "gs": _open_gcs,
     "file": _open_file,
     "memory": _open_memory,
 }
@@ -136,9 +165,9 @@ def storage_from_uri(uri: str, options: StorageOptions | None = None) -> tuple[S
     """``(storage, prefix)`` for a checkpoint root URI.
 
     ``s3://bucket/prefix`` (S3 or MinIO), ``az://container/prefix`` (Azure Blob Storage or Azurite),
-    ``file:///path`` or a plain path (the storage root is the
-    path, the prefix empty), ``memory://prefix`` (a fresh :class:`MemoryStorage`), and every other
-    scheme of :data:`SCHEMES`.
+    ``gs://bucket/prefix`` (Google Cloud Storage or fake-gcs-server), ``file:///path`` or a plain path
+    (the storage root is the path, the prefix empty), ``memory://prefix`` (a fresh
+    :class:`MemoryStorage`), and every other scheme of :data:`SCHEMES`.
 
     Raises:
         StorageError: an unknown scheme (naming the known ones), a URI without its bucket or path,

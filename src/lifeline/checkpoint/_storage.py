@@ -1,13 +1,13 @@
 """The storage contract: the :class:`Storage` protocol and the optional capabilities a backend may add.
 
 Every backend (:class:`FilesystemStorage`, :class:`MemoryStorage`, :class:`S3Storage`,
-:class:`AzureStorage`, or your own) satisfies :class:`Storage`. The fast paths of the checkpoint
+:class:`AzureStorage`, :class:`GCSStorage`, or your own) satisfies :class:`Storage`. The fast paths of the checkpoint
 code each need one more capability, a small protocol of its own: code that can use one checks it once, with
 ``isinstance`` against the protocol (they are all runtime-checkable), when it sets up (a
 reader, a save, a verification), and falls back to the plain :class:`Storage` methods when
 the backend lacks it. Which backend offers what: :class:`SupportsSize` and
-:class:`SupportsGetInto` all four; :class:`SupportsGetPiecesInto`, :class:`SupportsPutStream`
-and :class:`ReadTuning` the filesystem only; :class:`SupportsPutUnsized` S3 and Azure;
+:class:`SupportsGetInto` all five; :class:`SupportsGetPiecesInto`, :class:`SupportsPutStream`
+and :class:`ReadTuning` the filesystem only; :class:`SupportsPutUnsized` S3, Azure and GCS;
 :class:`SupportsUploader` S3.
 
 ``isinstance`` looks for the capability's members on the object: a wrapper that forwards

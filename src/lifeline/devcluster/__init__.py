@@ -10,6 +10,8 @@ Public API:
 - :mod:`lifeline.devcluster.build`: the from-source build cache.
 - :mod:`lifeline.devcluster.azurite`: :class:`~lifeline.devcluster.azurite.AzuriteServer`, the Azure
   blob emulator on loopback (installed from npm into the cache on first use; tests).
+- :mod:`lifeline.devcluster.fakegcs`: :class:`~lifeline.devcluster.fakegcs.FakeGCSServer`, the Google
+  Cloud Storage emulator on loopback (built from source into the cache on first use; tests).
 
 See docs/devcluster.md.
 """

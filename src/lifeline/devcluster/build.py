@@ -3,19 +3,22 @@
 Every component is compiled by the local Go toolchain from modules fetched through the
 Go module proxy (no container images, no downloads of prebuilt binaries):
 
-=================  =============================  =========================================
-component          version                        how
-=================  =============================  =========================================
-``etcd``           v3.5.35                        scratch module ``go/etcd`` calling
-                                                  ``etcdmain.Main`` (``go install`` refuses
-                                                  etcd's server module: it has replaces)
-``kubernetes``     v1.32.13                       scratch module ``go/kubernetes`` replacing
-                                                  every staging module with its published
-                                                  release; builds kube-apiserver,
-                                                  kube-controller-manager, kube-scheduler
-``helm``           v3.19.5                        ``go install helm.sh/helm/v3/cmd/helm@...``
-``minio``          pseudo-version (no semver)     ``go install github.com/minio/minio@...``
-=================  =============================  =========================================
+===================  =============================  =========================================
+component            version                        how
+===================  =============================  =========================================
+``etcd``             v3.5.35                        scratch module ``go/etcd`` calling
+                                                    ``etcdmain.Main`` (``go install`` refuses
+                                                    etcd's server module: it has replaces)
+``kubernetes``       v1.32.13                       scratch module ``go/kubernetes`` replacing
+                                                    every staging module with its published
+                                                    release; builds kube-apiserver,
+                                                    kube-controller-manager, kube-scheduler
+``helm``             v3.19.5                        ``go install helm.sh/helm/v3/cmd/helm@...``
+``minio``            pseudo-version (no semver)     ``go install github.com/minio/minio@...``
+``fake-gcs-server``  v1.56.1                        ``go install github.com/fsouza/
+                                                    fake-gcs-server@...`` (the GCS emulator of
+                                                    the storage tests; not in :func:`build_all`)
+===================  =============================  =========================================
 
 Cache layout: ``$LIFELINE_CACHE/bin/<component>-<version>/<binary>`` (default root
 ``~/.cache/lifeline``). A ``.complete`` marker (JSON: binaries, sizes in bytes, build
@@ -86,6 +89,7 @@ _K8S_BUILD_DATE = "2026-02-27T00:14:55Z"  # the v1.32.13 module's publication ti
 HELM_VERSION = "v3.19.5"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 ETCD_VERSION = "v3.5.35"
+FAKE_GCS_SERVER_VERSION = "v1.56.1"
 
 COMPONENTS: dict[str, Component] = {
     c.name: c
@@ -98,9 +102,10 @@ COMPONENTS: dict[str, Component] = {
         ),
         Component("helm", HELM_VERSION, ("helm",)),
         Component("minio", MINIO_VERSION, ("minio",)),
+        Component("fake-gcs-server", FAKE_GCS_SERVER_VERSION, ("fake-gcs-server",)),
     )
 }
-"""Every component the dev cluster needs, by name."""
+"""Every component the dev cluster needs (and fake-gcs-server, the storage tests' GCS emulator), by name."""
 
 
 def cache_root() -> Path:
@@ -298,9 +303,16 @@ def _build_minio(go: str, c: Component, out: Path, log) -> None:
          cwd=out, env={"GOBIN": str(out)}, log=log, what=f"minio {c.version}")
 
 
+def _build_fake_gcs_server(go: str, c: Component, out: Path, log) -> None:
+    _run([go, "install", "-p", "2", "-trimpath", "-ldflags", "-s -w",
+          f"github.com/fsouza/fake-gcs-server@{c.version}"],
+         cwd=out, env={"GOBIN": str(out)}, log=log, what=f"fake-gcs-server {c.version}")
+
+
 _BUILDERS = {
     "etcd": _build_etcd,
     "kubernetes": _build_kubernetes,
     "helm": _build_helm,
     "minio": _build_minio,
+    "fake-gcs-server": _build_fake_gcs_server,
 }
