@@ -48,18 +48,18 @@ _BASE -= _BASE % SHAPE_BLOCK
 COMMIT_SEEDS = [_BASE + i for i in range(CI_TRIALS)]
 
 
-def _regression_cases() -> list:
-    """Every regression seed when ``LIFELINE_FUZZ_TRIALS`` is set; by default the newest short one plus
-    ``CI_REGRESSIONS - 1`` drawn from the others with the commit seed (the long ones wait out
+def _regression_cases(every: bool, seed: int) -> list:
+    """Every regression seed when ``every`` (``LIFELINE_FUZZ_TRIALS`` set); else the newest short one plus
+    ``CI_REGRESSIONS - 1`` drawn from the others with ``seed`` (the commit's; the long ones wait out
     ``startupGraceSeconds`` by design: ``Regression.long``)."""
-    if _ASKED:
+    if every:
         return list(REGRESSIONS)
     short = [c for c in REGRESSIONS if not c.long]
-    rest = random.Random(_BASE).sample(short[:-1], min(CI_REGRESSIONS - 1, len(short) - 1))
+    rest = random.Random(seed).sample(short[:-1], min(CI_REGRESSIONS - 1, len(short) - 1))
     return [c for c in short if c in rest] + short[-1:]
 
 
-REGRESSION_CASES = _regression_cases()
+REGRESSION_CASES = _regression_cases(bool(_ASKED), _BASE)
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,12 @@ def test_every_regression_seed_is_fixed_and_names_the_test_of_its_fix():
 
 
 def test_a_commit_replays_the_newest_regression_seed_and_two_drawn_ones():
-    if _ASKED:
-        pytest.skip("LIFELINE_FUZZ_TRIALS set: every regression seed is replayed")
     short = [c for c in REGRESSIONS if not c.long]
-    assert len(REGRESSION_CASES) == min(CI_REGRESSIONS, len(short)) and REGRESSION_CASES[-1] == short[-1]
-    assert len({c.seed for c in REGRESSION_CASES}) == len(REGRESSION_CASES)
+    drawn = {}
+    for seed in range(_BASE, _BASE + 50):  # the draw moves with the commit seed
+        cases = _regression_cases(False, seed)
+        assert len(cases) == min(CI_REGRESSIONS, len(short)) and cases[-1] == short[-1]
+        assert len({c.seed for c in cases}) == len(cases) and not any(c.long for c in cases)
+        drawn.update((c.seed, c) for c in cases)
+    assert len(drawn) == len(short)  # over commits, every short seed is replayed
+    assert _regression_cases(True, _BASE) == REGRESSIONS

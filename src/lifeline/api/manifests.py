@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifeline.api._retention import sparse_window, upstream_log_steps
 from lifeline.api._security import (
     TMP_MOUNT,
     TMP_VOLUME,
@@ -30,7 +31,7 @@ from lifeline.api._security import (
     with_defaults,
 )
 from lifeline.api.pod import PodSettings, SidecarSettings, TrainerSettings
-from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob, TrainingJobSpec
+from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob
 
 __all__ = [
     "LABEL_JOB",
@@ -221,26 +222,6 @@ def _s3_env(job: TrainingJob, config: PodConfig, settings: type) -> list[dict]:
         _env("LIFELINE_S3_ACCESS_KEY", settings, secretKeyRef={"name": secret, "key": SECRET_S3_ACCESS_KEY}),
         _env("LIFELINE_S3_SECRET_KEY", settings, secretKeyRef={"name": secret, "key": SECRET_S3_SECRET_KEY}),
     ]
-
-
-def upstream_log_steps(spec: TrainingJobSpec) -> int:
-    """Steps of upstream log each rank keeps: two windows (the sparse window, else the checkpoint
-    interval), at least 2; 0 when ``spec.recovery.localizedReplay`` is off or there is one stage."""
-    if not spec.recovery.localized_replay or spec.layout.pipeline < 2:
-        return 0
-    window = spec.checkpoint.sparse.window if spec.checkpoint.sparse else spec.checkpoint.every
-    return max(2, 2 * window)
-
-
-def sparse_window(spec: TrainingJobSpec) -> int:
-    """W of the job's sparse checkpoints (``spec.checkpoint.sparse.window``), or 0 when off.
-
-    Sparse slots live in the sidecars' log store next to the upstream log and serve localized
-    replay, so they are taken only when upstream logging is on (:func:`upstream_log_steps` > 0).
-    """
-    if spec.checkpoint.sparse is None or upstream_log_steps(spec) == 0:
-        return 0
-    return spec.checkpoint.sparse.window
 
 
 def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> list[dict]:
