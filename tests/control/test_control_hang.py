@@ -101,3 +101,87 @@ def test_a_failure_while_no_sidecar_is_registered_waits_for_them_to_register_aga
     assert [(f.kind, f.ranks) for f in waiting.failures] == [(FailureKind.TRAINER_CRASH, (1,))]
     assert decide(spec, record, emptied, now=T + 61).plan is not None, "bounded by the start-up grace"
     assert decide(spec, record, ok, now=T + 5).plan is not None, "registered again: planned"
+
+
+def _beating(times: dict[int, float], beats: dict[int, float], generation: int = 1) -> Observed:
+    observed = _observed(times, generation)
+    reports = [ProgressReport("plan" if at >= T else "step", "j", r, generation if at >= T else generation - 1, at, 5)
+               for r, at in times.items()]
+    progress = Progress.of(reports, generation, beats)
+    return dataclasses.replace(observed, catalog=dataclasses.replace(observed.catalog, progress=progress))
+
+
+def _restarting(*ranks: int) -> Record:
+    """Recovering generation 1 since T, its plan restarting the trainers of ``ranks`` in their pods."""
+    plan = dataclasses.replace(load_plan_template(), restart_ranks=ranks)
+    return Record(phase="Recovering", generation=1, acted_at=T, plan=plan)
+
+
+def load_plan_template():
+    from lifeline.api.recovery import RecoveryPlan
+
+    return dataclasses.replace(RecoveryPlan.restore_all(1, 3, _spec().layout), create_pods=(),
+                               action=RecoveryAction.RESTART_IN_PLACE)
+
+
+def test_a_survivor_frozen_when_the_plan_came_is_found_after_the_hang_timeout_not_the_grace():
+    """Chaos test ``hang:rank=0:step=5:when=recovery``: rank 0, a survivor (its process kept running),
+    froze as the plan was published and never read it; ranks 2 and 3 beat while they wait for rank 1,
+    which the plan restarted and which is still starting. Rank 0 owes no start-up time: it is frozen
+    once ``hangTimeoutSeconds`` passed since the plan, not after ``startupGraceSeconds``."""
+    spec, record = _spec(), _restarting(1)
+    at = T + 9.2
+
+    def observed(now: float) -> Observed:
+        return _beating({0: T - 0.5, 1: T - 3, 2: T + 0.4, 3: T + 0.3}, {2: now - 0.5, 3: now - 0.7})
+
+    assert not decide(spec, record, observed(T + 7.9), now=T + 7.9).failures  # within the hang timeout
+    d = decide(spec, record, observed(at), now=at)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.POD_LOST, (0,))], d.failures
+    assert "silent 9s" in d.failures[0].detail
+    # rank 1 (restarted, silent since the plan) is left to the start-up grace meanwhile
+    assert 1 not in {r for f in d.failures for r in f.ranks}
+
+
+def test_a_restarted_trainer_that_beat_then_froze_is_found_after_the_hang_timeout():
+    spec, record = _spec(), _restarting(1)
+    beats = {1: T + 20, 2: T + 29.5, 3: T + 29.6, 0: T + 29.4}  # rank 1 beat from T + 5 to T + 20, then froze
+    d = decide(spec, record, _beating({r: T + 1 for r in (0, 2, 3)} | {1: T - 3}, beats), now=T + 29.8)
+    assert [(f.kind, f.ranks) for f in d.failures] == [(FailureKind.POD_LOST, (1,))], d.failures
+    ok = decide(spec, record, _beating({r: T + 1 for r in (0, 2, 3)} | {1: T - 3}, beats), now=T + 27.9)
+    assert not ok.failures, "silent 7.9 s < hangTimeoutSeconds 8"
+
+
+def test_a_survivor_silent_since_before_the_plan_gets_the_timeout_from_the_plan():
+    """A node loss: the survivors sat in a collective with the lost rank (no report since their last
+    step, 12 s before the plan: heartbeat expiry and settling); rank 2 broke out and beats, rank 0 not
+    yet (its watchdog looks every 0.25 s). Rank 0 is not frozen until ``hangTimeoutSeconds`` after the plan."""
+    spec = _spec()
+    record = dataclasses.replace(_restarting(), plan=dataclasses.replace(_restarting().plan, create_pods=()))
+    observed = _beating({0: T - 12, 1: T - 12.5, 2: T - 12, 3: T - 12}, {2: T + 0.5, 3: T + 0.4})
+    assert not [f for f in decide(spec, record, observed, now=T + 1).failures if 0 in f.ranks]
+    late = _beating({0: T - 12, 1: T - 12.5, 2: T - 12, 3: T - 12}, {2: T + 8.9, 3: T + 8.8})
+    assert [f.ranks for f in decide(spec, record, late, now=T + 9).failures] == [(0,), (1,)]
+
+
+def test_ranks_that_beat_while_they_wait_are_neither_frozen_nor_stalled():
+    """Every rank said its last report at the plan, long ago; all still beat (waiting for a slow restore):
+    no rank is frozen, and the step stall counts from the newest beat, not from the last report."""
+    spec, record = _spec(), _restarting(1)
+    now = T + 50
+    d = decide(spec, record, _beating({r: T + 1 for r in range(4)}, {r: now - 0.5 for r in range(4)}), now=now)
+    assert not d.failures, d.failures
+
+
+def test_without_any_beat_the_engine_keeps_the_grace_and_the_step_stall():
+    """No rank beats (all frozen, or an older trainer image without beats): no rank is singled out; the
+    step stall finds the job's hang as before."""
+    spec, record = _spec(), _restarting(1)
+    d = decide(spec, record, _beating({0: T - 0.5, 1: T - 3, 2: T + 0.4, 3: T + 0.3}, {}), now=T + 9)
+    assert not any(f.kind is FailureKind.POD_LOST for f in d.failures)
+
+
+def test_alive_at_takes_the_newer_of_report_and_beat():
+    p = Progress.of([ProgressReport("plan", "j", 0, 1, T, 3)], 1, {0: T + 2, 1: T - 1})
+    assert p.alive_at(0) == T + 2 and p.alive_at(1) == T - 1 and p.alive_at(2) is None
+    assert p.last_beat == T + 2 and p.silent_since(T, 3) == frozenset({1, 2})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import os
+import time
 
 import redis
 
@@ -36,6 +37,7 @@ class CatalogView:
     Attributes:
         generation: the job's current generation.
         reports: rank -> its latest progress report.
+        beats: rank -> seconds since the epoch of its latest recovery beat (:meth:`Catalog.beat`).
         registrations: rank -> its live sidecar registration (the heartbeat).
         holdings: verified copies at the steps read.
         complete_step: the latest complete step (``None``: none yet).
@@ -45,6 +47,7 @@ class CatalogView:
 
     generation: int = 0
     reports: dict[int, ProgressReport] = field(default_factory=dict)
+    beats: dict[int, float] = field(default_factory=dict)
     registrations: dict[int, SidecarRegistration] = field(default_factory=dict)
     holdings: frozenset[Holding] = frozenset()
     complete_step: int | None = None
@@ -232,6 +235,22 @@ class Catalog(_Holdings):
                 continue
         return out
 
+    def beat(self, rank: int, at: float | None = None) -> None:
+        """Record that ``rank``'s trainer is alive while it starts or recovers (``at``: seconds since
+        the epoch, default now). A frozen trainer stops beating; the engine tells it from one that
+        waits (docs/control.md "Hangs during a recovery")."""
+        self._call(self._r.hset, self.keys.beats, str(rank), repr(time.time() if at is None else float(at)))
+
+    def beats(self) -> dict[int, float]:
+        """rank -> seconds since the epoch of its latest beat; unreadable entries are left out."""
+        out = {}
+        for rank, at in self._call(self._r.hgetall, self.keys.beats).items():
+            try:
+                out[int(rank)] = float(at)
+            except ValueError:
+                continue
+        return out
+
     # --- rendezvous ----------------------------------------------------------------------------
     def publish_rendezvous(self, generation: int, address: str, ttl_seconds: float) -> None:
         """Publish ``host:port`` of generation's rendezvous store (rank 0 hosts it)."""
@@ -314,6 +333,7 @@ class Catalog(_Holdings):
         return CatalogView(
             generation=self.generation(),
             reports=self.progress(),
+            beats=self.beats(),
             registrations=self.sidecars(),
             holdings=self.holdings_at(sorted(steps)),
             complete_step=self.latest_complete_step(),

@@ -23,6 +23,8 @@ All keys are namespaced ``lifeline:<job>:``:
 ``plan:<generation>``          a :class:`~lifeline.api.recovery.RecoveryPlan` JSON
 ``generation``                 the job's current generation
 ``progress``                   hash rank -> the rank's latest :class:`~lifeline.catalog.ProgressReport`
+``beats``                      hash rank -> seconds since the epoch of the rank's latest recovery beat
+                               (written every second while its trainer starts or recovers)
 ``rdzv:<generation>``          ``host:port`` of that generation's rendezvous store
 ``logs``                       hash stage -> upstream-log coverage ``{"first": s, "last": s}``
 ``windows``                    hash rank -> its sparse windows committed to L2 ``{"starts": [...], "window": W}``
@@ -101,6 +103,7 @@ class Keys:
     corrupt = property(lambda self: f"{self.prefix}corrupt")
     generation = property(lambda self: f"{self.prefix}generation")
     progress = property(lambda self: f"{self.prefix}progress")
+    beats = property(lambda self: f"{self.prefix}beats")
     logs = property(lambda self: f"{self.prefix}logs")
     windows = property(lambda self: f"{self.prefix}windows")
     owner = property(lambda self: f"{self.prefix}owner")
