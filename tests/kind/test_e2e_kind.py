@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,29 +47,53 @@ def _spec(steps: int = STEPS) -> dict:
     return body
 
 
-@pytest.fixture(scope="module")
-def reference_digest(kind_cluster, tmp_path_factory):
-    """``digest(steps)``: the final state's digest of a failure-free ``lifeline run`` of ``_spec(steps)``
-    in the Lifeline image the pods run (``docker run``, no network): the same code, interpreter and
-    libraries. (The test venv's interpreter and the image's differ, and so do their digests: see
-    docs/kind.md "Measured".)"""
+def _reference_run(tmp: Path, steps: int) -> str:
+    """The digest of a failure-free ``lifeline run`` of ``_spec(steps)`` in the Lifeline image
+    (``docker run``, no network; the final state read back from L2 at ``steps``)."""
     from lifeline.kindbed.engine import docker
     from lifeline.kindbed.images import LIFELINE_IMAGE
 
-    seen: dict[int, str] = {}
+    tmp.chmod(0o777)
+    (tmp / "job.yaml").write_text(yaml.safe_dump(_spec(steps)))
+    p = docker("run", "--rm", "--network", "none", "--shm-size", "4g", "-v", f"{tmp}:/ref", "-w", "/tmp",
+               LIFELINE_IMAGE, "run", "/ref/job.yaml", "--json", "--state-dir", "/tmp/state",
+               "--persist-uri", "/tmp/l2", "--timeout", "1200", timeout=1500)
+    got = json.loads(p.stdout.strip().splitlines()[-1])["digest"]
+    assert (got["source"], got["step"]) == ("L2", steps), got
+    return got["sha256"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reference_started(tmp_path_factory):
+    """The failure-free reference run of :data:`NODE_KILL_STEPS` started in the Lifeline image (built
+    from this checkout first) before the cluster comes up, on a thread: it runs while kind creates
+    the nodes and the images load, instead of after the first fault test (issue 23). Autouse, so
+    pytest sets it up before the module's other fixtures."""
+    from lifeline.kindbed import engine, images
+
+    engine.ensure_engine()
+    images.ensure_lifeline(ROOT)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="kind-reference")
+    future = pool.submit(_reference_run, tmp_path_factory.mktemp("reference"), NODE_KILL_STEPS)
+    try:
+        yield {NODE_KILL_STEPS: future}
+    finally:
+        pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def reference_digest(_reference_started, kind_cluster, tmp_path_factory):
+    """``digest(steps)``: the final state's digest of a failure-free ``lifeline run`` of ``_spec(steps)``
+    in the Lifeline image the pods run: the same code, interpreter and libraries. (The test venv's
+    interpreter and the image's differ, and so do their digests: see docs/kind.md "Measured".)
+    :data:`NODE_KILL_STEPS` comes from the run started with the module; other step counts run here."""
+    runs = dict(_reference_started)
 
     def digest(steps: int) -> str:
-        if steps not in seen:
-            tmp = tmp_path_factory.mktemp("reference")
-            tmp.chmod(0o777)
-            (tmp / "job.yaml").write_text(yaml.safe_dump(_spec(steps)))
-            p = docker("run", "--rm", "--network", "none", "--shm-size", "4g", "-v", f"{tmp}:/ref", "-w", "/tmp",
-                       LIFELINE_IMAGE, "run", "/ref/job.yaml", "--json", "--state-dir", "/tmp/state",
-                       "--persist-uri", "/tmp/l2", "--timeout", "1200", timeout=1500)
-            got = json.loads(p.stdout.strip().splitlines()[-1])["digest"]
-            assert (got["source"], got["step"]) == ("L2", steps), got
-            seen[steps] = got["sha256"]
-        return seen[steps]
+        if steps not in runs:
+            return runs.setdefault(steps, _reference_run(tmp_path_factory.mktemp("reference"), steps))
+        got = runs[steps]
+        return got.result(timeout=1500) if isinstance(got, Future) else got
 
     return digest
 

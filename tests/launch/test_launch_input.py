@@ -28,6 +28,21 @@ def test_replicas_must_match_layout():
     assert _field(doc) == "spec.replicas"
 
 
+def test_a_model_is_checked_only_when_a_checker_is_registered_for_it():
+    """The job's model is spec.model.name; without one, gpt-moe only when the command is the reference
+    trainer: a script of one's own with no model name is not checked (docs/sdk.md)."""
+    own = ["python", "examples/ddp/train.py"]
+    doc = job_doc("own")
+    doc["spec"]["model"] = {"args": {"d_model": -1}}  # the reference checker would refuse this
+    assert _field(doc) == "spec.model.args.d_model"  # reference command, no name: gpt-moe is checked
+    doc["spec"]["template"]["spec"]["containers"][0]["command"] = own
+    assert load_for_launch(doc).name == "own"  # own command, no name: no model, no check
+    doc["spec"]["model"]["name"] = "gpt-moe"
+    assert _field(doc) == "spec.model.args.d_model"  # named: its registered checker runs
+    doc["spec"]["model"]["name"] = "my-mlp"
+    assert load_for_launch(doc).name == "own"  # no checker registered for it: not checked
+
+
 def test_unknown_field_is_named():
     doc = job_doc("bad")
     doc["spec"]["checkpoint"]["everyy"] = 2

@@ -7,7 +7,9 @@ image                                  recipe
                                        packages), ``docker import`` of the root filesystem
 ``lifeline:dev``                       ``Dockerfile`` at the repository root, built with
                                        ``--network none`` from wheels resolved and
-                                       downloaded on this machine (``<cache>/wheels``)
+                                       downloaded on this machine (``<cache>/wheels``); its
+                                       ``deps`` stage is kept as
+                                       ``lifeline.local/lifeline-deps:<key>``
 ``lifeline.local/redis:<debian ver>``  Debian bookworm's ``redis-server`` (uid 999)
 ``lifeline.local/minio:<version>``     the MinIO binary of ``lifeline devcluster build``
 =====================================  ==================================================
@@ -35,12 +37,15 @@ from lifeline.devcluster import build as devbuild
 from lifeline.errors import BuildError
 from lifeline.kindbed.engine import docker, image_id
 
-__all__ = ["BASE_IMAGE", "LIFELINE_IMAGE", "REDIS_IMAGE", "MINIO_IMAGE", "DEBIAN_MIRROR",
+__all__ = ["BASE_IMAGE", "LIFELINE_IMAGE", "DEPS_IMAGE", "REDIS_IMAGE", "MINIO_IMAGE", "DEBIAN_MIRROR",
            "ensure_base", "ensure_lifeline", "ensure_services", "build_context_wheels"]
 
 DEBIAN_MIRROR = os.environ.get("LIFELINE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_IMAGE = "lifeline.local/debian:bookworm-r1"
 LIFELINE_IMAGE = "lifeline:dev"
+DEPS_IMAGE = "lifeline.local/lifeline-deps"
+"""The Dockerfile's ``deps`` stage, tagged ``<DEPS_IMAGE>:<key of the pins and recipe>`` so that the
+image prune after a build keeps it: a code change then rebuilds only the package layer."""
 REDIS_IMAGE = "lifeline.local/redis:7.0-bookworm-r1"
 IMAGE_PYTHON = "3.11.2"
 """Debian bookworm's python3, the Lifeline image's interpreter (markers are evaluated for it)."""
@@ -196,6 +201,27 @@ def build_context_wheels(repo: Path, dest: Path) -> None:
     shutil.rmtree(src)
 
 
+def _deps_key(repo: Path) -> str:
+    """SHA-256 (12 hex) of what the ``deps`` stage is built from: the pins, the Dockerfile and
+    slim_torch.py (a changed recipe gets a new tag rather than a stale stage)."""
+    h = hashlib.sha256(json.dumps(_pins(repo)).encode())
+    for p in (repo / "Dockerfile", _DOCKERFILES / "slim_torch.py"):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _keep_deps_stage(ctx: Path, base: str, tag: str) -> None:
+    """Build (or find in Docker's cache) the Dockerfile's ``deps`` stage from ``ctx`` and tag it
+    ``tag``; remove the stage tags of other keys (GBs each). Raises BuildError."""
+    if not image_id(tag):
+        proc = docker("build", "--build-arg", f"BASE={base}", "--target", "deps", "-t", tag, str(ctx), check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"docker build {tag} failed:\n{(proc.stdout + proc.stderr)[-4000:]}", key=tag)
+    old = docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", DEPS_IMAGE, check=False).stdout.split()
+    if stale := [t for t in old if t != tag]:
+        docker("image", "rm", *stale, check=False)
+
+
 def _source_key(repo: Path) -> str:
     """SHA-256 (16 hex) of what the Lifeline image is built from: the package's files, pyproject.toml,
     README.md, the Dockerfile, slim_torch.py and the dependency pins."""
@@ -229,6 +255,7 @@ def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
         build_context_wheels(repo, ctx)
         shutil.copy(repo / "Dockerfile", ctx / "Dockerfile")
         shutil.copy(_DOCKERFILES / "slim_torch.py", ctx / "slim_torch.py")
+        _keep_deps_stage(ctx, base, f"{DEPS_IMAGE}:{_deps_key(repo)}")
         # The lifeline wheel's bytes change with every build (timestamps); its layer is the last one.
         proc = docker("build", "--build-arg", f"BASE={base}", "--label", f"dev.lifeline.source={source}",
                       "-t", LIFELINE_IMAGE, str(ctx), check=False)
@@ -237,7 +264,7 @@ def ensure_lifeline(repo: Path, *, rebuild: bool = True) -> str:
                              key=LIFELINE_IMAGE)
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
-    # the deps stage (wheels included) and the image this build replaced, now untagged: GBs each
+    # the image this build replaced and stages left untagged, GBs each (the tagged deps stage stays)
     docker("image", "prune", "--force", "--filter", "label=dev.lifeline.image=lifeline", check=False)
     _log(f"[kind] {LIFELINE_IMAGE} ready in {time.monotonic() - t0:.0f}s")
     return LIFELINE_IMAGE

@@ -34,16 +34,17 @@ __all__ = ["Spare", "SparePool", "PRELOAD", "spare_env", "wanted_spares"]
 PRELOAD: Mapping[str, tuple[str, ...]] = {
     "trainer": ("torch", "torch.distributed", "torch._inductor", "lifeline.cli", "lifeline.api.pod",
                 "lifeline.checkpoint", "lifeline.runtime._context", "lifeline.runtime._training",
-                "lifeline.runtime._checkpointer",
-                "lifeline.runtime._sidecar", "lifeline.models.cli", "lifeline.models.gpt_moe._main", "lifeline.sidecar.client",
-                "lifeline.catalog", "lifeline.models.gpt_moe"),
+                "lifeline.runtime._checkpointer", "lifeline.runtime._sidecar", "lifeline.runtime._loop",
+                "lifeline.runtime._front", "torch.nn.parallel", "torch.optim.lr_scheduler", "lifeline.models.cli",
+                "lifeline.models.gpt_moe._main", "lifeline.sidecar.client", "lifeline.catalog", "lifeline.models.gpt_moe"),
     "sidecar": ("torch", "lifeline.cli", "lifeline.api.pod", "lifeline.checkpoint", "lifeline.sidecar.server",
                 "lifeline.sidecar._logging", "lifeline.sidecar._trainer_conn", "lifeline.sidecar._peer_conn",
                 "lifeline.sidecar._workers", "lifeline.catalog", "lifeline.sidecar.peer",
                 "lifeline.sidecar.reader", "lifeline.control", "lifeline.sidecar.ulog"),
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
-``sidecar`` import on their way to the first useful line; a missing one is skipped).
+``sidecar`` import on their way to the first useful line — and a script of one's own on the public
+SDK, ``lifeline.runtime.train`` over ``DistributedDataParallel``, docs/sdk.md; a missing one is skipped).
 ``torch._inductor`` is there because ``torch.use_deterministic_algorithms`` (the reference
 trainer's ``deterministic_cpu``) imports it, with dynamo and sympy: 2–5 s on a loaded machine;
 torch's optimizers import dynamo (and so inductor) anyway, in ``add_param_group``'s

@@ -5,6 +5,10 @@ layout, unknown fields, the ``trainer`` container) what only a launcher can chec
 container has a command to run, and the reference model accepts the spec's model arguments and
 layout. Every problem is a :class:`~lifeline.errors.ConfigError` whose ``field`` names the wire
 path (``spec.layout.pipeline``, ``spec.model.args.d_model``, ...).
+
+Which model a job runs (:func:`job_model`): ``spec.model.name`` when set; without a name, the
+reference ``gpt-moe`` when the trainer container runs the reference trainer, else none (a script of
+one's own, e.g. ``examples/ddp``). A model is checked only when its package registers a checker.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from lifeline.api import TRAINER_CONTAINER, LayoutSpec, TrainingJob, load_traini
 from lifeline.errors import ConfigError
 
 __all__ = ["MODEL_CHECKERS", "REFERENCE_MODELS", "load_for_launch", "trainer_argv", "check_model", "model_checker",
-           "model_config"]
+           "model_config", "job_model", "runs_reference_trainer"]
 
 MODEL_CHECKERS = "lifeline.models"
 """The entry-point group of model checkers: ``name = "package.module:check"``, where ``check(args,
@@ -62,12 +66,20 @@ def trainer_argv(job: TrainingJob) -> list[str]:
     return argv
 
 
-def _runs_reference(job: TrainingJob, argv: list[str]) -> bool:
-    name = job.spec.model.name if job.spec.model else None
-    if name is not None and name not in REFERENCE_MODELS:
-        return False
+def runs_reference_trainer(argv: list[str]) -> bool:
+    """Whether ``argv`` (from :func:`trainer_argv`) runs the reference trainer (``python -m lifeline trainer``
+    or ``python -m lifeline.models.gpt_moe``) rather than a command of one's own."""
     tail = tuple(argv[1:])
     return any(tail[: len(cmd)] == cmd for cmd in _REFERENCE_COMMANDS)
+
+
+def job_model(job: TrainingJob, argv: list[str]) -> str | None:
+    """The model the job runs: ``spec.model.name``; without one, ``gpt-moe`` when ``argv`` runs the
+    reference trainer, else ``None`` (the job's own command and no named model: nothing to check)."""
+    name = job.spec.model.name if job.spec.model else None
+    if name is not None:
+        return name
+    return REFERENCE_MODELS[0] if runs_reference_trainer(argv) else None
 
 
 def model_config(job: TrainingJob) -> Mapping[str, Any]:
@@ -84,14 +96,16 @@ def model_checker(name: str | None) -> Callable[[Mapping[str, Any], Mapping[str,
 
 
 def check_model(job: TrainingJob, layout: LayoutSpec) -> None:
-    """Check the job's model takes ``spec.model.args`` and ``layout``, with the checker its package
-    registers (:func:`model_checker`; the reference model's imports torch). No checker: no check.
+    """Check the job's model (:func:`job_model`) takes ``spec.model.args`` and ``layout``, with the
+    checker its package registers (:func:`model_checker`; the reference model's imports torch). No
+    model, or no checker registered for it: no check.
 
     Raises:
         ConfigError: an unknown or out-of-range model argument (``spec.model.args.<name>``,
             ``spec.seed``) or a layout the model cannot take (``spec.layout.<degree>``).
     """
-    checker = model_checker(job.spec.model.name if job.spec.model else None)
+    name = job_model(job, trainer_argv(job))
+    checker = model_checker(name) if name is not None else None
     if checker is None:
         return
     try:
@@ -100,7 +114,7 @@ def check_model(job: TrainingJob, layout: LayoutSpec) -> None:
         name = err.field or "args"
         if name.startswith("layout."):
             field = f"spec.{name}"
-            raise ConfigError(f"{field}: the reference model cannot take layout {layout.to_wire()}: {err.message}",
+            raise ConfigError(f"{field}: model {name!r} cannot take layout {layout.to_wire()}: {err.message}",
                               field=field, job=job.name) from None
         field = "spec.seed" if name == "seed" else f"spec.model.{name}"
         raise ConfigError(f"{field}: {err.message}", field=field, job=job.name) from None
@@ -128,7 +142,6 @@ def load_for_launch(source: Any, *, steps: int | None = None, layout: LayoutSpec
     if not job.name:
         raise ConfigError("metadata.name is required: it names the job's catalog keys and checkpoints",
                           field="metadata.name")
-    argv = trainer_argv(job)
-    if _runs_reference(job, argv):
-        check_model(job, layout or job.spec.layout)
+    trainer_argv(job)  # a ConfigError when the trainer container has no command
+    check_model(job, layout or job.spec.layout)
     return job

@@ -20,6 +20,7 @@ from lifeline.api.recovery import RecoveryPlan
 from lifeline.catalog import Catalog, ProgressReport
 from lifeline.checkpoint import Layout
 from lifeline.errors import CatalogError, RecoveryError
+from lifeline.runtime._beat import RecoveryBeat
 from lifeline.runtime._rendezvous import Superseded, rendezvous
 from lifeline.runtime._watchdog import Watchdog
 
@@ -46,6 +47,8 @@ class RuntimeContext:
             generation, so that a collective blocked on a dead or re-planned peer raises at once
             (:mod:`lifeline.runtime._watchdog`); ``None`` without a catalog.
         last_step: the step of the latest report that named one (``None`` before any).
+        beat: records this rank's recovery beat while it starts or recovers
+            (:mod:`lifeline.runtime._beat`; switched by :meth:`recovering`); ``None`` without a catalog.
     """
 
     settings: TrainerSettings
@@ -60,6 +63,7 @@ class RuntimeContext:
     retired: bool = False
     watchdog: Watchdog | None = field(default=None, repr=False)
     last_step: int | None = None
+    beat: RecoveryBeat | None = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
     _gen_store: Any = field(default=None, repr=False)
 
@@ -358,8 +362,20 @@ class RuntimeContext:
             self.catalog.world_size = layout.world_size
         return True
 
+    def recovering(self, on: bool) -> None:
+        """Switch the recovery beat: on while this rank starts or recovers, off once it trained a
+        step (step reports are its liveness then). Created on first use; a no-op without a catalog."""
+        if self.beat is None:
+            if self.catalog is None or not on:
+                return
+            catalog, rank = self.catalog, self.rank
+            self.beat = RecoveryBeat(lambda: catalog.beat(rank))
+        self.beat.on = on
+
     def close(self) -> None:
-        """Tear down the process group, end the watchdog and close the catalog connection."""
+        """Tear down the process group, end the watchdog and the beat, close the catalog connection."""
+        if self.beat is not None:
+            self.beat.close()
         self.teardown()
         if self.watchdog is not None:
             self.watchdog.close()

@@ -10,15 +10,12 @@ every rank saves it again (a replacement sidecar holds nothing of it) and waits 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from lifeline.errors import LifelineError
+from lifeline.runtime._hooks import KnowsDurability
 
 __all__ = ["FinalCheckpoint"]
-
-
-class _Committed(Protocol):
-    def committed_to_l2(self, step: int) -> bool: ...
 
 
 class FinalCheckpoint:
@@ -43,7 +40,7 @@ class FinalCheckpoint:
     def __init__(self, ctx: Any, checkpointer: Any, steps: int, *, poll: float = 0.2, report_every: float = 5.0,
                  timeout: float | None = None) -> None:
         every = int(getattr(ctx.settings, "persist_every", 0) or 0)
-        self.applies = every > 0 and steps > 0 and steps % every == 0 and hasattr(checkpointer, "committed_to_l2")
+        self.applies = every > 0 and steps > 0 and steps % every == 0 and isinstance(checkpointer, KnowsDurability)
         self.ctx, self.checkpointer, self.steps, self.poll, self.report_every = ctx, checkpointer, steps, poll, report_every
         self.timeout = float(timeout if timeout is not None else getattr(ctx.settings, "recovery_timeout_seconds", 600.0))
         self.resave = False  # set after a restore of the final step: this generation's sidecars need it again

@@ -57,6 +57,7 @@ def init(settings: TrainerSettings | None = None) -> RuntimeContext:
     generation = settings.generation if settings.generation is not None else ctx.current_generation()
     ctx.generation = generation
     ctx.report("init", record=False)
+    ctx.recovering(True)  # alive while it joins and restores: off after its first step (runtime/_beat.py)
     while True:
         plan = ctx.plan(generation) if generation > 0 else None
         if not ctx.adopt(plan):  # a kept pod's trainer restarted after a reshard that has no place for its rank

@@ -4,60 +4,27 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Protocol
 
 import torch.distributed as dist
 
 from lifeline.api.recovery import RecoveryPlan
 from lifeline.api.trainingjob import RecoveryAction
-from lifeline.checkpoint import Layout
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
 from lifeline.runtime._durable import FinalCheckpoint
+from lifeline.runtime._hooks import (BeforeUpdate, LogsUpstream, OverlapsSave, ProvidesInitialState,
+                                     ProvidesRestoreState, Relayouts, ReportsReshard, SidecarBacked,
+                                     SparseOperators)
 from lifeline.runtime._hold import hold_at
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
+from lifeline.runtime._trainable import ModelSpec, StepReport, Trainable
 from lifeline.runtime._verify import RecoveryVerifier, perturb_point
 
-__all__ = ["ModelSpec", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
-
-
-class Trainable(Protocol):
-    """One rank's trainer as :func:`run_training` drives it (e.g. ``GPTMoETrainer``).
-
-    ``step`` is the number of completed optimizer steps; ``connect(timeout)`` builds the
-    process-group dependent parts (sub-groups, each bounded by ``timeout``) after every (re)join;
-    ``disconnect()`` drops every reference to them before the generation is torn down (a group
-    still referenced keeps its gloo sockets open, so peers wait out their collective timeout
-    instead of failing at once); ``train_step()`` runs one step and returns an
-    object with ``step``, ``loss`` (float or None), ``tokens`` and ``seconds``; ``state()`` /
-    ``load_state()`` are the checkpoint state and its inverse. Optionally ``before_update``, a
-    callable attribute the trainer calls after each backward pass and before its optimizer update:
-    with it the runtime overlaps a save's memcpy with the next step (``LIFELINE_OVERLAP_SAVE``).
-    """
-
-    step: int
-
-    def connect(self, timeout: timedelta | None = None) -> None: ...
-
-    def disconnect(self) -> None: ...
-
-    def train_step(self) -> Any: ...
-
-    def state(self) -> Mapping[str, Any]: ...
-
-    def load_state(self, values: Mapping[str, Any]) -> None: ...
-
-
-class ModelSpec(Protocol):
-    """Builds the :class:`Trainable` of global ``rank`` in ``layout`` (e.g. ``GPTMoESpec``)."""
-
-    def build(self, layout: Layout, rank: int) -> Trainable: ...
+__all__ = ["ModelSpec", "StepReport", "Trainable", "TrainingSummary", "run_training", "is_collective_error"]
 
 
 @dataclass(frozen=True)
@@ -104,43 +71,50 @@ def _restore(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoin
         # ``new_group`` calls that only the ranks restoring make (fuzz seeds 503, 505: in-process
         # survivors of a Rollback to the initial state waited in it for the restarted ranks, which
         # trained on, until the engine called it a hang)
-        trainer.load_state(spec.build(ctx.layout, ctx.rank).state())  # built, never connected: no collective
+        initial = (trainer.initial_state() if isinstance(trainer, ProvidesInitialState)
+                   else spec.build(ctx.layout, ctx.rank).state())  # built, never connected: no collective
+        trainer.load_state(initial)
         if trainer.step != 0:
             raise RecoveryError(f"the initial state loaded a trainer at step {trainer.step}", job=ctx.job,
                                 rank=ctx.rank, step=0)
         ctx.report("restore", step=0, source="init")
         return trainer
     start = time.perf_counter()
-    values = checkpointer.restore(step, into=trainer.state())
+    into = trainer.restore_state() if isinstance(trainer, ProvidesRestoreState) else trainer.state()
+    values = checkpointer.restore(step, into=into)
     trainer.load_state(values)
     if trainer.step != step:
         raise RecoveryError(f"checkpoint of step {step} restored a trainer at step {trainer.step}",
                             job=ctx.job, rank=ctx.rank, step=step)
-    reshard = getattr(checkpointer, "last_reshard", None)
+    reshard = checkpointer.last_reshard if isinstance(checkpointer, ReportsReshard) else None
     ctx.report("restore", step=step, seconds=round(time.perf_counter() - start, 6),
                **(reshard.fields() if reshard is not None else {}))
     return trainer
 
 
-def _upstream_log(ctx: RuntimeContext, checkpointer: Checkpointer) -> UpstreamLog | None:
-    """The rank's upstream log when ``LIFELINE_UPSTREAM_LOG_STEPS`` > 0 and a sidecar holds it."""
+def _upstream_log(ctx: RuntimeContext, checkpointer: Checkpointer, trainer: Trainable) -> UpstreamLog | None:
+    """The rank's upstream log when ``LIFELINE_UPSTREAM_LOG_STEPS`` > 0, a sidecar holds it and the
+    trainer logs and replays (:class:`~lifeline.runtime.LogsUpstream`)."""
     keep = getattr(ctx.settings, "upstream_log_steps", 0)
-    if keep <= 0 or ctx.layout.pipeline < 2 or not hasattr(checkpointer, "client"):
+    if (keep <= 0 or ctx.layout.pipeline < 2 or not isinstance(checkpointer, SidecarBacked)
+            or not isinstance(trainer, LogsUpstream)):
         return None
     return UpstreamLog(lambda: checkpointer.client, ctx.catalog, ctx.rank, ctx.layout.coords(ctx.rank).pipeline, keep)
 
 
-def _sparse_windows(ctx: RuntimeContext, checkpointer: Checkpointer, log: UpstreamLog | None) -> SparseWindows | None:
-    """The rank's sparse checkpoints when ``LIFELINE_SPARSE_WINDOW`` > 0 (they live beside the upstream log)."""
+def _sparse_windows(ctx: RuntimeContext, checkpointer: Checkpointer, log: UpstreamLog | None,
+                    trainer: Trainable) -> SparseWindows | None:
+    """The rank's sparse checkpoints when ``LIFELINE_SPARSE_WINDOW`` > 0 (they live beside the upstream log)
+    and the trainer names its operators (:class:`~lifeline.runtime.SparseOperators`)."""
     window = getattr(ctx.settings, "sparse_window", 0)
-    if window <= 0 or log is None:
+    if window <= 0 or log is None or not isinstance(trainer, SparseOperators):
         return None
     return SparseWindows(lambda: checkpointer.client, job=ctx.job, layout=ctx.layout, rank=ctx.rank,
                          rules=checkpointer.rules, stage=ctx.layout.coords(ctx.rank).pipeline, window=window)
 
 
 def _attach(trainer: Trainable, log: UpstreamLog | None) -> Trainable:
-    if log is not None and hasattr(trainer, "log"):
+    if log is not None and isinstance(trainer, LogsUpstream):
         trainer.log = log
     return trainer
 
@@ -191,11 +165,10 @@ def _relayout(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable, checkpoi
         raise Retired(plan.generation)
     if ctx.layout == before:
         return trainer
-    relayout = getattr(checkpointer, "relayout", None)
-    if relayout is None:
+    if not isinstance(checkpointer, Relayouts):
         raise RecoveryError(f"plan of generation {plan.generation} changes the layout to {ctx.layout.to_dict()}, "
                             f"but {type(checkpointer).__name__} cannot", job=ctx.job, rank=ctx.rank)
-    relayout(ctx.layout, ctx.world_size)
+    checkpointer.relayout(ctx.layout, ctx.world_size)
     start, step = time.perf_counter(), trainer.step
     trainer = spec.build(ctx.layout, ctx.rank)
     ctx.report("relayout", record=False, step=step, layout=ctx.layout.to_dict(), saved_layout=before.to_dict(),
@@ -226,8 +199,8 @@ def _recover(ctx: RuntimeContext, spec: ModelSpec, trainer: Trainable,
         before = ctx.layout
         trainer = _relayout(ctx, spec, trainer, checkpointer, plan)  # before joining: the world size may change
         if ctx.layout != before:
-            log = _upstream_log(ctx, checkpointer)
-            sparse = _sparse_windows(ctx, checkpointer, log)
+            log = _upstream_log(ctx, checkpointer, trainer)
+            sparse = _sparse_windows(ctx, checkpointer, log, trainer)
             _attach(trainer, log)
         try:
             generation = ctx.rejoin(plan.generation)
@@ -269,8 +242,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     built = time.perf_counter()
     trainer = model_spec.build(ctx.layout, ctx.rank)
     built = time.perf_counter() - built
-    log = _upstream_log(ctx, checkpointer)
-    sparse = _sparse_windows(ctx, checkpointer, log)
+    log = _upstream_log(ctx, checkpointer, trainer)
+    sparse = _sparse_windows(ctx, checkpointer, log, trainer)
     verifier = RecoveryVerifier(ctx, getattr(checkpointer, "rules", None))
     _attach(trainer, log)
     restored: list[int] = []
@@ -291,6 +264,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         if not is_collective_error(err):
             raise
         ctx.report("failure", step=trainer.step, error=f"{type(err).__name__}: {err}"[:500])
+        ctx.recovering(True)
         try:
             trainer, step, log, sparse = _recover(ctx, model_spec, trainer, checkpointer, log, sparse, verifier)
         except Retired as retired:
@@ -301,8 +275,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     ctx.report("start", step=trainer.step, steps=steps, every=every, world_size=ctx.world_size,
                layout=ctx.layout.to_dict(), build_seconds=round(built, 4))
     # only with a trainer that calls before_update (else the copy would race its optimizer update)
-    overlap = (bool(getattr(ctx.settings, "overlap_save", False)) and hasattr(checkpointer, "save_overlapped")
-               and hasattr(trainer, "before_update"))
+    overlap = (bool(getattr(ctx.settings, "overlap_save", False)) and isinstance(checkpointer, OverlapsSave)
+               and isinstance(trainer, BeforeUpdate))
 
     def settle() -> None:
         """Finish the overlapped save in flight (called before an optimizer update writes the state)."""
@@ -345,6 +319,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
                        seconds=round(result.seconds, 6), **logged,
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
+            ctx.recovering(False)  # trained a step: step reports are its liveness now
             if overlap and result.step % every == 0 and result.step < steps:
                 checkpointer.save_overlapped(result.step, trainer.state(), generation=ctx.generation)
             elif result.step % every == 0 or result.step == steps:
@@ -364,6 +339,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         # collective, whose locals reference this generation's process groups; while it lives, their
         # gloo sockets stay open and peers blocked on this rank wait out their collective timeout.
         ctx.report("failure", step=trainer.step, error=failed)
+        ctx.recovering(True)  # alive while it waits, rejoins and restores: off after its next step
         if overlap:  # the copy of the last step is whole: commit it before any restore writes the state
             try:
                 settle()

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from lifeline.api.pod import TrainerSettings
-from lifeline.checkpoint import Layout, PatternRules, storage_from_uri
 from lifeline.errors import LifelineError
 from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoESpec, pattern_rules
-from lifeline.runtime import Checkpointer, SidecarCheckpointer, StorageCheckpointer, init, run_training
+from lifeline.runtime import init, make_checkpointer, run_training
 
-__all__ = ["main", "make_checkpointer"]
-
-
-def make_checkpointer(settings: TrainerSettings, layout: Layout, rules: PatternRules) -> Checkpointer:
-    """The rank's checkpointer: storage at ``LIFELINE_CHECKPOINT_URI`` when set, else the sidecar."""
-    if settings.checkpoint_uri:
-        storage, prefix = storage_from_uri(settings.checkpoint_uri)
-        return StorageCheckpointer(storage, prefix, settings.job, layout, settings.rank, rules)
-    return SidecarCheckpointer(settings, layout, rules)
+__all__ = ["main", "make_checkpointer"]  # make_checkpointer: re-exported from lifeline.runtime (its home)
 
 
 def main() -> None:
