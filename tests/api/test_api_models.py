@@ -202,11 +202,12 @@ def test_models_are_immutable(body):
     ("s3://lifeline/checkpoints", True), ("s3://Bad_Bucket/x", False),
     ("az://lifeline/checkpoints", True), ("az://ckpt-2", True), ("az://a--b/x", False), ("az://ab/x", False),
     ("az://-abc/x", False), ("az://" + "a" * 64, False), ("file:///tmp/l2", True), ("file://relative", False),
-    ("gs://bucket/x", False), ("http://x", False),
+    ("gs://bucket/x", True), ("gs://my_bucket.v2/ckpt", True), ("gs://Bucket/x", False), ("gs://ab", False),
+    ("gs://_ab/x", False), ("http://x", False),
 ])
 def test_the_crd_pattern_and_the_uri_check_agree(uri, ok):
     """The CRD's schema (what the API server enforces) and the Python check (``lifeline validate``, the
-    operator) accept and refuse the same L2 URIs, ``az://`` containers included."""
+    operator) accept and refuse the same L2 URIs, ``az://`` containers and ``gs://`` buckets included."""
     import re
 
     from lifeline.api._names import PERSIST_URI_PATTERN, check_persist_uri

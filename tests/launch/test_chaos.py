@@ -84,10 +84,11 @@ def test_minio_outage_sidecar_kill_and_a_hang_during_its_recovery(tmp_path, refe
 
 
 def test_flipped_l1_and_l2_copies_a_kill_during_a_recovery_and_a_node_loss(tmp_path, reference):
-    # rank 0's only L1 holder is rank 1: its trainer (not its node: the flipped copy lives in its
-    # sidecar) dies while rank 0's replacement reads that copy
+    """L2 on Google Cloud Storage (``gs://``: ``lifeline run`` starts fake-gcs-server as it starts MinIO
+    for ``s3://``). Rank 0's only L1 holder is rank 1: its trainer (not its node: the flipped copy lives
+    in its sidecar) dies while rank 0's replacement reads that copy."""
     s = _trial(tmp_path, reference, "flip:rank=0:step=3:tier=L1", "trainer:rank=1:step=3:when=recovery",
-               "node:rank=0:step=6", "flip:rank=1:step=9:tier=L2")
+               "node:rank=0:step=6", "flip:rank=1:step=9:tier=L2", uri="gs://lifeline/chaos")
     _detected(s, "L1")
     _detected(s, "L2")
     assert "ReplacePods" in {r["action"] for r in s["recoveries"]}

@@ -78,8 +78,10 @@ def test_bad_model_argument():
 def test_inject_failure_parsing():
     assert parse_injection("node:rank=2:step=35", world_size=4, steps=60) == Injection("node", 2, 35)
     assert parse_injection("trainer:step=3:rank=0") == Injection("trainer", 0, 3)
+    assert parse_injection("node:rank=1:step=60", world_size=4, steps=60) == Injection("node", 1, 60)  # a late failure
     for text in ("disk:rank=1:step=2", "trainer:rank=1", "trainer:rank=x:step=2", "trainer:rank=4:step=2",
-                 "trainer:rank=1:step=60", "trainer:rank=1:step=2:color=red"):
+                 "trainer:rank=1:step=61", "hang:rank=1:step=60", "trainer:rank=1:step=60:when=recovery",
+                 "trainer:rank=1:step=2:color=red"):
         with pytest.raises(ConfigError) as err:
             parse_injection(text, world_size=4, steps=60)
         assert err.value.field == "--inject-failure", text

@@ -164,16 +164,26 @@ def test_a_job_restarted_in_another_layout_reshards_and_the_loss_continues(refer
     assert abs(first - before[STEPS]) < 0.25 * drop, (first, before[STEPS], before[1])
 
 
-def test_replacement_after_step_9_restores_and_ends_bit_identical(reference, tmp_path):
-    """A fresh trainer process restoring a two-digit step: its own initial state's variable-length
-    byte entries (the data loader's JSON position, ``0``) differ in length from the stored ones
-    (``10``), so the restore must lay out byte entries by the stored metadata, not by the target."""
+def test_a_node_lost_after_the_other_ranks_finished_is_a_recovery_they_take_part_in(reference, tmp_path):
+    """A late failure (issue 26, the cluster bed's trial 2006): rank 1's node is lost at the last step,
+    after ranks 0, 2 and 3 reported ``done`` (the injection fires only then). The finished ranks have not
+    exited (``JobEnd``): they rejoin the new generation in their processes, restore the final step and
+    finish again; on Kubernetes nothing restarts a trainer that exited 0, so before they had to be
+    running. Also a fresh trainer process restoring a two-digit step: its own initial state's
+    variable-length byte entries (the data loader's JSON position, ``0``) differ in length from the
+    stored ones (``12``), so the restore must lay out byte entries by the stored metadata."""
     ref, _ = reference
     job = write_job(tmp_path / "job.yaml", job_doc("late"))
     summary = lifeline_run(job, tmp_path / "state", "--persist-uri", str(tmp_path / "l2"),
-                           "--inject-failure", "node:rank=1:step=10")
+                           "--inject-failure", f"node:rank=1:step={STEPS}")
     assert summary["phase"] == "Succeeded"
-    assert [r["action"] for r in summary["recoveries"]] == ["ReplacePods"], summary["recoveries"]
+    (rec,) = summary["recoveries"]
+    assert (rec["action"], rec["ranks"], rec["restore_step"]) == ("ReplacePods", [1], STEPS), rec
+    events = trainer_events(tmp_path / "state")
+    for rank in (0, 2, 3):
+        mine = [(e["event"], e["generation"]) for e in events if e.get("rank") == rank]
+        assert [ev for ev, _ in mine].count("init") == 1, f"rank {rank} was restarted: {mine}"
+        assert mine.index(("done", 0)) < mine.index(("restore", 1)) < mine.index(("done", 1)), mine
     assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
 
 

@@ -19,9 +19,12 @@ SEED_MAX = 2**32 - 1
 
 _BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 _CONTAINER = r"[a-z0-9](-?[a-z0-9]){2,62}"
-PERSIST_URI_PATTERN = rf"^(s3://{_BUCKET}(/\S*)?|az://{_CONTAINER}(/\S*)?|file:///\S*)$"
+_GCS_BUCKET = r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"
+PERSIST_URI_PATTERN = (rf"^(s3://{_BUCKET}(/\S*)?|az://{_CONTAINER}(/\S*)?|gs://{_GCS_BUCKET}(/\S*)?"
+                       r"|file:///\S*)$")
 """``spec.checkpoint.persist.uri`` in the CRD: ``s3://bucket[/prefix]`` (an S3 bucket name),
-``az://container[/prefix]`` (an Azure Blob Storage container name) or ``file:///path``."""
+``az://container[/prefix]`` (an Azure Blob Storage container name), ``gs://bucket[/prefix]`` (a Google
+Cloud Storage bucket name of 3-63 characters) or ``file:///path``."""
 
 
 def check_name(name: Any) -> str | None:
@@ -37,9 +40,11 @@ def check_name(name: Any) -> str | None:
 def check_persist_uri(uri: Any, field: str = "spec.checkpoint.persist.uri") -> str | None:
     """Why ``uri`` is not an L2 URI (``None`` when it is): ``s3://bucket[/prefix]`` with a valid S3 bucket
     name (3-63 lower-case letters, digits, '.', '-'), ``az://container[/prefix]`` with a valid Azure container
-    name (3-63 lower-case letters, digits, single '-') or ``file:///absolute/path``. Pure; raises nothing."""
-    example = "use s3://bucket/prefix (e.g. s3://lifeline/checkpoints), az://container/prefix or file:///absolute/path"
-    if not isinstance(uri, str) or not re.fullmatch(r"(s3|az|file)://\S+", uri):
+    name (3-63 lower-case letters, digits, single '-'), ``gs://bucket[/prefix]`` with a valid GCS bucket name
+    (3-63 lower-case letters, digits, '.', '-', '_') or ``file:///absolute/path``. Pure; raises nothing."""
+    example = ("use s3://bucket/prefix (e.g. s3://lifeline/checkpoints), az://container/prefix, gs://bucket/prefix "
+               "or file:///absolute/path")
+    if not isinstance(uri, str) or not re.fullmatch(r"(s3|az|gs|file)://\S+", uri):
         return f"{field} {uri!r} is not an L2 URI: {example}"
     if uri.startswith("s3://"):
         bucket = uri[5:].split("/", 1)[0]
@@ -51,6 +56,11 @@ def check_persist_uri(uri: Any, field: str = "spec.checkpoint.persist.uri") -> s
         if len(container) > 63 or not re.fullmatch(_CONTAINER, container):
             return (f"{field} {uri!r}: {container!r} is not an Azure container name (3-63 lower-case letters, "
                     "digits or single '-', starting and ending with a letter or digit)")
+    elif uri.startswith("gs://"):
+        bucket = uri[5:].split("/", 1)[0]
+        if not re.fullmatch(_GCS_BUCKET, bucket) or ".." in bucket:
+            return (f"{field} {uri!r}: {bucket!r} is not a GCS bucket name (3-63 lower-case letters, digits, "
+                    "'.', '-' or '_', starting and ending with a letter or digit)")
     elif not uri.startswith("file:///"):
         return f"{field} {uri!r}: a file URI needs an absolute path (file:///path); {example}"
     return None

@@ -208,12 +208,15 @@ def _sidecar_env(job: TrainingJob, config: PodConfig) -> list[dict]:
 
 
 def _s3_env(job: TrainingJob, config: PodConfig, settings: type) -> list[dict]:
-    """Object-storage access for ``s3://`` and ``az://`` persist URIs (the sidecar persists there; the
-    trainer reads it when restoring into another layout); empty for other URIs. The variables keep
-    their S3 names for both: for ``az://`` the endpoint is the account URL and the keys are the
-    account name and key (:func:`lifeline.checkpoint.storage_from_uri` reads them by scheme)."""
+    """Object-storage access for ``s3://``, ``az://`` and ``gs://`` persist URIs (the sidecar persists
+    there; the trainer reads it when restoring into another layout); empty for other URIs. The
+    variables keep their S3 names for all three: for ``az://`` the endpoint is the account URL and the
+    keys are the account name and key; for ``gs://`` the endpoint is an emulator's base URL (empty:
+    Google's), the access key the project and the secret key a service-account key file's path (empty:
+    the pod's application default credentials) (:func:`lifeline.checkpoint.storage_from_uri` reads
+    them by scheme)."""
     ck = job.spec.checkpoint
-    if ck.persist is None or not ck.persist.uri.startswith(("s3://", "az://")):
+    if ck.persist is None or not ck.persist.uri.startswith(("s3://", "az://", "gs://")):
         return []
     secret = secret_name(job.metadata["name"])
     return [

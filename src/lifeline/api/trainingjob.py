@@ -125,7 +125,8 @@ class PersistSpec(WireModel):
     )
     uri: str = Field(
         json_schema_extra={"pattern": PERSIST_URI_PATTERN},
-        description="Where checkpoints are persisted: s3://bucket/prefix, az://container/prefix or file:///path.",
+        description="Where checkpoints are persisted: s3://bucket/prefix, az://container/prefix, gs://bucket/prefix or "
+                    "file:///path.",
     )
 
     @field_validator("uri")

@@ -126,8 +126,8 @@ def _open_gcs(uri: str, options: StorageOptions) -> tuple[Storage, str]:
     extra = dict(options.tuning)
     if options.retries is not None:
         extra["retries"] = options.retries
-    return (_build(GCSStorage, uri, bucket, endpoint=endpoint, credentials=credentials, project=options.access_key,
-                   **extra), prefix.strip("/"))
+    return (_build(GCSStorage, uri, bucket, endpoint=endpoint, credentials=credentials,
+                   project=options.access_key or None, **extra), prefix.strip("/"))
 
 
 def _open_file(uri: str, options: StorageOptions) -> tuple[Storage, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +69,24 @@ def release(directory: Path, step: int) -> None:
 
 
 def fire_due(faults: Any, pending: list[Injection], reached: dict[int, int], *, recovering: bool,
-             hold_dir: Callable[[int], Path] | None, event: Callable[[str], None]) -> list[Any]:
+             hold_dir: Callable[[int], Path] | None, event: Callable[[str], None], last_step: int | None = None,
+             finished: Collection[int] = (), world_size: int = 0) -> list[Any]:
     """One supervision round of injection: fire (``faults.fire``) the injections of ``pending`` that are
     due — those whose trainer holds at their step (its ``hold-<step>`` file exists under
     ``hold_dir(rank)``), and the fallback and ``when=recovery`` ones on the ``reached`` steps
     (:func:`lifeline.launch.inject.due`) — then release the holds of the whole group, so a trainer a
     fault left alive goes on and a re-run of the step after a recovery does not hold again. Each firing
     is told to ``event``. Returns the :class:`~lifeline.launch.faults.FiredFault` records, in order.
-    ``pending`` loses the fired injections (in place)."""
+    ``pending`` loses the fired injections (in place).
+
+    An injection at ``last_step`` (the job's last step: a late failure, :data:`~lifeline.launch.inject.LATE_KINDS`)
+    counts as held only once every other rank below ``world_size`` is in ``finished`` (its latest report is
+    ``done``): the fault lands after they finished, whatever the timing."""
     held = set() if hold_dir is None else {
         (inj.rank, inj.step) for inj in pending if inj.holds and hold_path(hold_dir(inj.rank), inj.step).exists()}
+    if last_step is not None:
+        held = {(rank, step) for rank, step in held
+                if step != last_step or set(range(world_size)) - {rank} <= set(finished)}
     fired_now = due(pending, reached, recovering=recovering, held=held)
     out = []
     for inj in fired_now:

@@ -44,10 +44,13 @@ from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
 
-__all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "Injection", "parse_injection", "random_injections", "due",
+__all__ = ["KINDS", "TIERS", "SERVICE_KINDS", "LATE_KINDS", "Injection", "parse_injection", "random_injections", "due",
            "hold_steps"]
 
 KINDS = ("trainer", "sidecar", "node", "hang", "redis", "minio", "flip")
+LATE_KINDS = ("trainer", "sidecar", "node")
+"""Kinds that may hit the last step (``step == steps``): the rank holds after training and saving it
+while the others finish and report ``done``; the fault then lands after they finished (issue 26)."""
 SERVICE_KINDS = ("redis", "minio", "operator")
 """Kinds that hit a shared service, not a rank (no ``rank`` field); ``operator`` (the operator's pod
 killed) exists on a cluster only (``lifeline bench chaos --bed devcluster``), not in :data:`KINDS`."""
@@ -159,7 +162,7 @@ def parse_injection(text: str, *, world_size: int | None = None, steps: int | No
     Raises:
         ConfigError: unknown kind or field, a missing, non-integer or misplaced field (``rank`` on a
             service kind, ``tier`` off ``flip``, ``seconds`` off ``minio``), a rank outside the world
-            size, a step outside ``[1, steps)``, a tier not L0/L1/L2, seconds not in (0, 600], or
+            size, a step outside ``[1, steps)`` (``[1, steps]`` for :data:`LATE_KINDS` without ``when``), a tier not L0/L1/L2, seconds not in (0, 600], or
             ``when`` not ``recovery`` (``field`` is ``--inject-failure``).
     """
     fix = (f"write KIND:rank=R:step=S with KIND one of {', '.join(KINDS)} (redis:step=S, minio:step=S:seconds=D, "
@@ -197,9 +200,12 @@ def parse_injection(text: str, *, world_size: int | None = None, steps: int | No
     rank, step = int(values.get("rank", 0)), int(values["step"])
     if rank < 0 or (world_size is not None and rank >= world_size):
         raise ConfigError(f"--inject-failure {text!r}: rank {rank} outside [0, {world_size})", field="--inject-failure")
-    if step < 1 or (steps is not None and step >= steps):
-        raise ConfigError(f"--inject-failure {text!r}: step {step} outside [1, {steps}) (it must happen before the "
-                          "last step)", field="--inject-failure")
+    # a trainer, sidecar or node fault may hit the last step: the rank holds after training and saving it
+    # while the others finish, and the fault comes after they reported done (a late failure)
+    last = steps if kind in LATE_KINDS and values.get("when") is None else (steps - 1 if steps is not None else None)
+    if step < 1 or (last is not None and step > last):
+        raise ConfigError(f"--inject-failure {text!r}: step {step} outside [1, {last}] (it must happen before the "
+                          f"last step; {', '.join(LATE_KINDS)} faults may hit the last step)", field="--inject-failure")
     tier = values.get("tier")
     if tier is not None and tier not in TIERS:
         raise bad(f"tier {tier!r} is not one of {', '.join(TIERS)}")

@@ -10,7 +10,10 @@
   here with its data under the state dir (so a second run with the same state dir finds the
   checkpoints of the first); an ``az://`` URI on the account of ``LIFELINE_AZURE_ACCOUNT``/
   ``LIFELINE_AZURE_KEY`` (``LIFELINE_AZURE_ENDPOINT`` or ``--s3-endpoint``: its account URL) if
-  given, otherwise on an Azurite blob service started here the same way. The ranks get the object
+  given, otherwise on an Azurite blob service started here the same way; a ``gs://`` URI on
+  ``LIFELINE_GCS_ENDPOINT`` (or ``--s3-endpoint``) if given, on Google Cloud Storage with the
+  application default credentials when ``GOOGLE_APPLICATION_CREDENTIALS`` is set, otherwise on a
+  fake-gcs-server started here (built from source, objects under the state dir). The ranks get the object
   store's endpoint and credentials through the pod settings' object-storage fields (named
   ``s3_*``: for ``az://`` they carry the account URL, account and key; the one resolver,
   :func:`lifeline.checkpoint.storage_from_uri`, reads them by scheme). No ``persist`` in the spec
@@ -96,18 +99,30 @@ def prepare_binaries(job: TrainingJob, *, persist_uri: str | None = None, s3_end
     import time
 
     uri = persist_uri or (job.spec.checkpoint.persist.uri if job.spec.checkpoint.persist else None)
-    if uri is None or s3_endpoint or not uri.startswith(("s3://", "az://")):
+    if uri is None or s3_endpoint or not uri.startswith(("s3://", "az://", "gs://")):
         return 0.0
     t0 = time.monotonic()
     if uri.startswith("az://"):
         from lifeline.devcluster.azurite import ensure_azurite
 
         ensure_azurite()
+    elif uri.startswith("gs://"):
+        if _gcs_given():
+            return 0.0
+        from lifeline.devcluster import build
+
+        build.binary("fake-gcs-server")
     else:
         from lifeline.devcluster import build
 
         build.binary("minio")
     return time.monotonic() - t0
+
+
+def _gcs_given() -> bool:
+    """Whether the environment names a Google Cloud Storage to use (an emulator's endpoint, or a
+    service-account key file): ``lifeline run`` then starts no fake-gcs-server for ``gs://``."""
+    return bool(os.environ.get("LIFELINE_GCS_ENDPOINT") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
 
 
 def _ensure_bucket(endpoint: str, access: str, secret: str, uri: str) -> None:
@@ -127,7 +142,7 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
     (or ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``).
 
     Raises:
-        ConfigError: a persist URI that is neither ``s3://`` nor ``file://`` nor a path.
+        ConfigError: a persist URI that is neither ``s3://``, ``az://``, ``gs://``, ``file://`` nor a path.
         ClusterError: a server did not start.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -169,13 +184,23 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
                 endpoint, account, key = azurite.endpoint, azurite.account, azurite.key
             services.persist_uri, services.s3_endpoint = uri, endpoint
             services.s3_access_key, services.s3_secret_key = account, key
+        elif uri.startswith("gs://"):
+            endpoint = s3_endpoint or os.environ.get("LIFELINE_GCS_ENDPOINT", "")
+            if not endpoint and not _gcs_given():  # no GCS named: the emulator, started here
+                from lifeline.devcluster.fakegcs import FakeGCSServer
+
+                gcs = FakeGCSServer(state_dir=state_dir / "fake-gcs", backend="filesystem").start()
+                services.servers.append(gcs)
+                endpoint = gcs.endpoint
+            services.persist_uri, services.s3_endpoint = uri, endpoint
+            services.s3_access_key = os.environ.get("LIFELINE_GCS_PROJECT", "")
         elif uri.startswith("file://") or "://" not in uri:
             path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
             path.mkdir(parents=True, exist_ok=True)
             services.persist_uri = f"file://{path.resolve()}"
         else:
-            raise ConfigError(f"persist URI {uri!r}: use s3://bucket/prefix, az://container/prefix, file:///path or "
-                              "a path",
+            raise ConfigError(f"persist URI {uri!r}: use s3://bucket/prefix, az://container/prefix, gs://bucket/prefix, "
+                              "file:///path or a path",
                               field="spec.checkpoint.persist.uri")
         return services
     except BaseException:

@@ -223,7 +223,7 @@ class Supervisor(_Applying):
             self.tally.observe(view, self.snapshot, self.layout)
             if self.first_step_at is None and self.snapshot.step > 0:
                 self.first_step_at = time.time()
-            self._inject()
+            self._inject(view)
             for node in self.returns.due(now):
                 self._event(f"{node} is Ready again")
             d = self._decide(view, now)
@@ -299,15 +299,18 @@ class Supervisor(_Applying):
         """Sleep ``seconds``, or less: a process exit wakes the round."""
         self._waiter.wait(self.fleet.processes() if self.fleet is not None else [], seconds)
 
-    def _inject(self) -> None:
+    def _inject(self, view: CatalogView) -> None:
         """Fire the injections due (:func:`lifeline.launch._holds.fire_due`: held ones first, then the
-        fallback and ``when=recovery`` ones on the reported steps) and release their holds."""
+        fallback and ``when=recovery`` ones on the reported steps) and release their holds; one at the
+        last step once every other rank reported ``done`` in ``view``."""
         assert self.faults is not None
         recs = self.snapshot.recoveries
         recovering = bool(recs) and recs[-1].resumed_at is None
         hold_dir = self.fleet.hold_dir if self.fleet is not None else None
+        finished = {rank for rank, rec in view.reports.items() if rec.event == "done"}
         for fired in fire_due(self.faults, self.pending, self.tally.seen_step, recovering=recovering,
-                              hold_dir=hold_dir, event=self._event):
+                              hold_dir=hold_dir, event=self._event, last_step=self.job.spec.steps,
+                              finished=finished, world_size=self.layout.world_size):
             if fired.recovers:  # time lost counts from here (service faults call for no recovery)
                 self._injected_at = self._injected_at or fired.at
 

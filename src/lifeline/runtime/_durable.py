@@ -15,7 +15,7 @@ from typing import Any
 from lifeline.errors import LifelineError
 from lifeline.runtime._hooks import KnowsDurability
 
-__all__ = ["FinalCheckpoint"]
+__all__ = ["FinalCheckpoint", "JobEnd"]
 
 
 class FinalCheckpoint:
@@ -75,3 +75,63 @@ class FinalCheckpoint:
             self._done = True
             return
         time.sleep(self.poll)
+
+
+class JobEnd:
+    """A rank that finished (its final checkpoint durable) stays until every rank finished.
+
+    The trainer reports ``done`` once, then waits until every rank below the world size reported
+    ``done`` in its generation: a failure of another rank after this one finished is then a recovery
+    this rank takes part in (the new generation needs every rank), as it would while training. Exiting
+    at once left nothing to rejoin on Kubernetes: the pod's ``restartPolicy: OnFailure`` does not
+    restart a trainer that exited 0, so a rank restarted after the others had finished waited at the
+    rendezvous until the engine replaced it again and again (``lifeline bench chaos --bed devcluster``
+    trial 2006, issue 26; ``lifeline run`` restarted finished trainers itself).
+
+    Args:
+        ctx: the rank's :class:`~lifeline.runtime.RuntimeContext` (catalog, generation, progress).
+        poll: seconds between two looks at the catalog's progress.
+        timeout: seconds to wait in all (default: the settings' ``recovery_timeout_seconds``); past it the
+            rank finishes alone (``done_alone`` is printed), as before.
+    """
+
+    def __init__(self, ctx: Any, *, poll: float = 0.1, timeout: float | None = None) -> None:
+        self.ctx, self.poll = ctx, poll
+        self.timeout = float(timeout if timeout is not None else getattr(ctx.settings, "recovery_timeout_seconds", 600.0))
+        self._since: float | None = None
+
+    @property
+    def reported(self) -> bool:
+        """Whether ``done`` was reported (since the last :meth:`reset`)."""
+        return self._since is not None
+
+    def reset(self) -> None:
+        """Forget the ``done`` report (a recovery restored this rank: it reports ``done`` again)."""
+        self._since = None
+
+    def ended(self, **done: Any) -> bool:
+        """Report ``done`` (with ``done``'s fields) on the first call, then look once: True when every rank
+        reported ``done`` in this generation, there is no catalog, or the wait timed out; else sleep ``poll``
+        and return False (the caller looks for a newer generation before calling again)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            self.ctx.report("done", **done)
+            if hasattr(self.ctx, "recovering"):  # finished: no recovery beat (docs/control.md; done ranks
+                self.ctx.recovering(False)       # are never judged frozen)
+        catalog = getattr(self.ctx, "catalog", None)
+        if catalog is None or self.ctx.world_size <= 1:
+            return True
+        try:
+            reports = catalog.progress()
+        except LifelineError:  # Redis away: keep waiting, it comes back or the timeout ends the wait
+            reports = None
+        if reports is not None and all(
+                (r := reports.get(rank)) is not None and r.event == "done" and r.generation == self.ctx.generation
+                for rank in range(self.ctx.world_size)):
+            return True
+        if now - self._since > self.timeout:
+            self.ctx.report("done_alone", record=False, waited_seconds=round(now - self._since, 3))
+            return True
+        time.sleep(self.poll)
+        return False

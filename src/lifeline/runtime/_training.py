@@ -13,7 +13,7 @@ from lifeline.api.trainingjob import RecoveryAction
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._checkpointer import Checkpointer
 from lifeline.runtime._context import RuntimeContext
-from lifeline.runtime._durable import FinalCheckpoint
+from lifeline.runtime._durable import FinalCheckpoint, JobEnd
 from lifeline.runtime._hooks import (BeforeUpdate, LogsUpstream, OverlapsSave, ProvidesInitialState,
                                      ProvidesRestoreState, Relayouts, ReportsReshard, SidecarBacked,
                                      SparseOperators)
@@ -288,18 +288,25 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
 
     last_loss = None
     final = FinalCheckpoint(ctx, checkpointer, steps)
+    end = JobEnd(ctx)
 
     def save_final() -> None:
         receipt = checkpointer.save(trainer.step, trainer.state(), generation=ctx.generation)
         ctx.report("save", step=trainer.step, stall_seconds=getattr(receipt, "stall_seconds", None))
 
-    while trainer.step < steps or not final.durable():
+    ended = False
+    while not ended:
         try:
             newer = ctx.newer_generation()
             if newer is not None:
                 raise Superseded(newer)
-            if trainer.step >= steps:  # trained: held until the final checkpoint is durable (L2)
+            if trainer.step >= steps and not final.durable():  # trained: held until the final checkpoint is in L2
                 final.wait_once(save_final)
+                continue
+            if trainer.step >= steps:  # finished: held until every rank finished (a late failure needs this one)
+                if overlap and not end.reported:
+                    settle()
+                ended = end.ended(step=trainer.step, restarts=ctx.restarts, loss=last_loss)
                 continue
             if overlap:
                 trainer.before_update = settle
@@ -353,7 +360,5 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
         if step is not None:
             restored.append(step)
             final.resave = trainer.step >= steps
-    if overlap:
-        settle()
-    ctx.report("done", step=trainer.step, restarts=ctx.restarts, loss=last_loss)
+        end.reset()
     return TrainingSummary(trainer.step, ctx.generation, ctx.restarts, tuple(restored), last_loss)
