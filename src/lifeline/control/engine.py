@@ -19,14 +19,11 @@ Rules, in order:
      ``collectiveGraceSeconds``: a dead peer's own signal (its exit, its silent sidecar) must
      have had time to show, so that a node loss is one recovery, not a restart in place first;
    * no step progress for ``hangTimeoutSeconds`` (measured from the newest report or the last
-     recovery, whichever is later) is a hang; while recovering, trainers beat every second while
-     they wait (``lifeline.runtime._beat``): a rank silent (no report, no beat) for
-     ``hangTimeoutSeconds`` while another beats is frozen, a survivor of the plan from its last
-     word, a trainer the plan restarted once it beat; a restarted trainer that has said nothing since
-     the plan (still starting) gets ``startupGraceSeconds`` from the plan first, as a starting sidecar
-     does (a liveness probe's initial delay); past it, a rank whose pod is Ready but which still said
-     nothing is frozen too (``TrainerSilent``: restarted in its pod while its sidecar heartbeats and
-     the runner can, else its pod is replaced). The step stall counts from the newest beat as well.
+     recovery, whichever is later) is a hang; while recovering, ranks that have said nothing since
+     the plan (trainers it restarted, still starting) get ``startupGraceSeconds`` from the plan first,
+     as a starting sidecar does (a liveness probe's initial delay); past it, a rank whose pod is
+     Ready but which still said nothing is frozen (``TrainerSilent``: restarted in its pod while its
+     sidecar heartbeats and the runner can, else its pod is replaced).
 
    :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
@@ -218,66 +215,20 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
     if record.phase in ("Running", "Recovering") and progress.last_time is not None:
         since = max(progress.last_time, record.acted_at or 0.0)
         rec = spec.recovery
-        recovering = record.phase == "Recovering" and record.acted_at is not None
-        silent = progress.silent_since(record.acted_at, world) if recovering else frozenset()
-        if recovering:
-            frozen = _frozen_in_recovery(spec, record, progress, world, now, silent)
-            if progress.last_beat is not None:  # trainers that beat are starting or recovering, not stalled
-                since = max(since, progress.last_beat)
-        else:
-            frozen = {}
-        starting = silent - frozen.keys()
-        if starting:  # restarted trainers are still starting: the start-up grace first
+        silent = progress.silent_since(record.acted_at, world) \
+            if record.phase == "Recovering" and record.acted_at is not None else frozenset()
+        if silent:  # restarted trainers are still starting: the start-up grace first
             since = max(since, record.acted_at + max(0.0, rec.startup_grace_seconds - rec.hang_timeout_seconds))
             if now - record.acted_at > rec.startup_grace_seconds:  # past it, a running one is frozen
-                frozen.update(dict.fromkeys(starting, now - record.acted_at))
-        signals += [TrainerSilent(r, observed.node_of_rank[r], seconds,
-                                  in_place=observed.restarts_trainers and r in facts.registered)
-                    for r, seconds in sorted(frozen.items()) if r in observed.ready]
+                signals += [TrainerSilent(r, observed.node_of_rank[r], now - record.acted_at,
+                                          in_place=observed.restarts_trainers and r in facts.registered)
+                            for r in sorted(silent & observed.ready)]
         signals.append(StepStalled(progress.step, max(0.0, now - since)))
     if facts.generation == record.generation:
         grace = spec.recovery.collective_grace_seconds
         signals += [CollectiveErrorReported(rank, observed.node_of_rank[rank], detail)
                     for rank, detail, at in progress.failures if rank < world and now - at >= grace]
     return signals
-
-
-def _fresh_ranks(record: Record) -> frozenset[int] | None:
-    """Ranks whose trainer the current plan starts anew (restarted in its pod, or in a new pod);
-    ``None`` when the record has no plan of its generation (then every rank may be starting)."""
-    plan = record.plan
-    if plan is None or plan.generation != record.generation:
-        return None
-    return frozenset(plan.restart_ranks) | {p.rank for p in plan.create_pods}
-
-
-def _frozen_in_recovery(spec: TrainingJobSpec, record: Record, progress: Progress, world: int, now: float,
-                        silent: frozenset[int]) -> dict[int, float]:
-    """Ranks frozen during the current recovery -> seconds since each last said anything.
-
-    A trainer beats every second while it starts or recovers (:meth:`Progress.alive_at`), so while
-    another rank still beats, a rank silent for ``hangTimeoutSeconds`` since its last word or the plan,
-    whichever is later, is frozen: a survivor of the plan (its process kept running, so it owes no
-    start-up time), or a trainer the plan started anew once it beat in this recovery. A restarted trainer that
-    has not said anything since the plan is still starting: the start-up grace covers it. With no rank
-    beating, this is no rank's fault: the step stall decides (a hang of the whole job)."""
-    rec = spec.recovery
-    if progress.last_beat is None or now - progress.last_beat > rec.hang_timeout_seconds:
-        return {}
-    fresh = _fresh_ranks(record)
-    out = {}
-    for rank in range(world):
-        if rank in silent and (fresh is None or rank in fresh):
-            continue  # still starting (start-up grace)
-        alive = progress.alive_at(rank)
-        if alive is None or rank in progress.done_ranks:
-            continue
-        # a survivor blocked in a collective with a lost node's rank said nothing since its last step,
-        # maybe longer ago than the timeout when the plan came: it gets the timeout from the plan on
-        silent_for = now - max(alive, record.acted_at)
-        if silent_for > rec.hang_timeout_seconds:
-            out[rank] = silent_for
-    return out
 
 
 def _state_step(record: Record, facts: CatalogFacts) -> int:

@@ -54,9 +54,6 @@ class _View(Protocol):
     def reports(self) -> Mapping[int, Report]: ...
 
     @property
-    def beats(self) -> Mapping[int, float]: ...
-
-    @property
     def registrations(self) -> Mapping[int, _Registration]: ...
 
     @property
@@ -99,7 +96,7 @@ class CatalogFacts:
         """From one catalog read (:meth:`lifeline.catalog.Catalog.view`)."""
         return cls(
             generation=view.generation,
-            progress=Progress.of(view.reports.values(), view.generation, view.beats),
+            progress=Progress.of(view.reports.values(), view.generation),
             registered={rank: reg.node for rank, reg in view.registrations.items()},
             holdings=view.holdings,
             complete_step=view.complete_step,
