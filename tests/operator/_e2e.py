@@ -4,10 +4,11 @@ a failed run's story, the example's L2 in the cluster's MinIO and a failure-free
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import yaml
+
+from lifeline._poll import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "lifeline"
@@ -19,15 +20,18 @@ OPERATOR_SA = "ll-lifeline-operator"
 
 
 def _wait(what: str, fn, timeout: float = 180.0, interval: float = 0.5):
-    """Poll ``fn`` until it returns a truthy value; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    """Poll ``fn`` until it returns a truthy value (:func:`lifeline._poll.wait_for`); fail naming ``what``
+    and the last value after ``timeout`` seconds."""
+    last = [None]
+
+    def probe():
+        last[0] = fn()
+        return last[0]
+
+    try:
+        return wait_for(probe, timeout, what, interval)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last[0]!r}") from None
 
 
 def _get(dc, *args) -> dict:

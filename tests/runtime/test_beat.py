@@ -58,14 +58,14 @@ def test_a_catalog_error_does_not_stop_the_beat():
 
 
 _FROZEN = """
-import sys, time
+import sys, threading
 from lifeline.catalog import Catalog
 from lifeline.runtime._beat import RecoveryBeat
 c = Catalog(sys.argv[1], sys.argv[2], 1)
 b = RecoveryBeat(lambda: c.beat(0), interval=0.05)
 b.on = True
 print("beating", flush=True)
-time.sleep(600)
+threading.Event().wait()  # alive until the test kills it
 """
 
 
