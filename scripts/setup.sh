@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up Lifeline on a fresh machine: a virtual environment in .venv with the package
-# and its test, azure and gcs extras. Idempotent and quick when already done. Needs Python 3.11+ and
+# and its test, azure, gcs and hf extras. Idempotent and quick when already done. Needs Python 3.11+ and
 # (for the dev cluster and the GCS tests' fake-gcs-server, built later on first use and cached) a Go
 # toolchain; the Azure storage tests install the Azurite emulator with npm on first use (cached too).
 set -euo pipefail
@@ -14,6 +14,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # uv (from PyPI) installs from its cache (~/.cache/uv) by links: a fresh .venv takes ~10 s here
   # where pip took ~90 s (torch and its CUDA wheels unpacked again); it resolves as pip does
   .venv/bin/python -m pip install -q uv
-  .venv/bin/uv pip install --python .venv/bin/python -q -e '.[test,azure,gcs]'
+  .venv/bin/uv pip install --python .venv/bin/python -q -e '.[test,azure,gcs,hf]'
   touch "$stamp"
 fi

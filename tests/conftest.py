@@ -40,6 +40,17 @@ _CLUSTER_FIXTURES = {"devcluster": "cluster", "namespace": "cluster", "kind_clus
 _skipped: list[str] = []
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# tests/gpu needs a CUDA device: collected where PyTorch sees one (scripts/gpu_check.sh runs it), not
+# collected elsewhere, rather than skipped (a skip fails a CI run, which has no GPU)
+collect_ignore = [] if _cuda_available() else ["gpu"]
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test that uses a cluster fixture carries that cluster's marker, so ``-m "not cluster and not

@@ -14,6 +14,7 @@ batch whatever happened before, so a run with failures ends bit-identical to one
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from datetime import timedelta
 
@@ -58,7 +59,9 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     data = corpus()
-    model = CharMLP()
+    # scripts/gpu_check.sh runs it on a GPU (LIFELINE_EXAMPLE_DEVICE=cuda); CPU otherwise
+    device = torch.device("cuda" if os.environ.get("LIFELINE_EXAMPLE_DEVICE") == "cuda" else "cpu")
+    model = CharMLP().to(device)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=4, gamma=0.5)
     ddp: list[DistributedDataParallel] = []  # rebuilt on every generation of the process group
@@ -71,7 +74,7 @@ def main() -> None:
 
     def step(i: int) -> torch.Tensor:
         x, y = batch(data, i, ctx.rank, ctx.world_size, seed)
-        loss = nn.functional.cross_entropy(ddp[0](x), y)
+        loss = nn.functional.cross_entropy(ddp[0](x.to(device)), y.to(device))
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()

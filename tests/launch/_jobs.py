@@ -54,6 +54,21 @@ def job_doc(name: str, *, pipeline: int = 2, data: int = 2, steps: int = STEPS, 
     return doc
 
 
+def example_doc(example: str, steps: int) -> dict:
+    """``examples/<example>/trainingjob.yaml`` with the script's absolute path, ``steps`` steps (the
+    last one persisted to L2) and the tests' timeouts. Asserts the template command is the example's
+    script, run from the repository root, as its README line says."""
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "examples" / example / "trainingjob.yaml").read_text())
+    (trainer,) = doc["spec"]["template"]["spec"]["containers"]
+    assert trainer["command"] == ["python", f"examples/{example}/train.py"], trainer
+    trainer["command"] = ["python", str(root / "examples" / example / "train.py")]
+    trainer["env"] = [{"name": k, "value": v} for k, v in TEST_ENV.items()]
+    doc["spec"].update(steps=steps)
+    doc["spec"]["checkpoint"]["persist"]["every"] = steps
+    return doc
+
+
 def write_job(path: Path, doc: dict) -> Path:
     path.write_text(yaml.safe_dump(copy.deepcopy(doc)))
     return path

@@ -14,30 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from lifeline.launch.summary import state_digest
 from lifeline.runtime import StatefulState
 
-from ._jobs import TEST_ENV, lifeline_run, trainer_events, write_job
+from ._jobs import example_doc, lifeline_run, trainer_events, write_job
 
 pytestmark = pytest.mark.slow  # `lifeline run` end to end (still runs in CI)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ddp" / "train.py"
 STEPS = 6
-
-
-def _doc() -> dict:
-    """The example's TrainingJob with the script's absolute path, few steps and the tests' timeouts."""
-    doc = yaml.safe_load((ROOT / "examples" / "ddp" / "trainingjob.yaml").read_text())
-    (trainer,) = doc["spec"]["template"]["spec"]["containers"]
-    assert trainer["command"] == ["python", "examples/ddp/train.py"], trainer
-    trainer["command"] = ["python", str(SCRIPT)]
-    trainer["env"] = [{"name": k, "value": v} for k, v in TEST_ENV.items()]
-    doc["spec"].update(steps=STEPS)
-    doc["spec"]["checkpoint"]["persist"]["every"] = STEPS
-    return doc
 
 
 def _reference_digest(seed: int, world_size: int = 2) -> str:
@@ -69,7 +56,7 @@ def _reference_digest(seed: int, world_size: int = 2) -> str:
 
 
 def test_the_ddp_example_loses_a_node_recovers_from_memory_and_ends_bit_identical(tmp_path):
-    doc = _doc()
+    doc = example_doc("ddp", STEPS)
     reference = _reference_digest(doc["spec"]["seed"])
     job = write_job(tmp_path / "job.yaml", doc)
     summary = lifeline_run(job, tmp_path / "state", "--persist-uri", str(tmp_path / "l2"),

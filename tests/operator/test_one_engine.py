@@ -99,6 +99,7 @@ class FakePod:
     handled: set[str] = field(default_factory=set)
     sidecar_started_at: float | None = STARTED_AT
     registered_at: float | None = None
+    trainer_started_at: float | None = STARTED_AT
 
     def exit_code(self, role: str) -> int | None:
         return self.codes.get(role)

@@ -24,9 +24,14 @@ ENV = {"LIFELINE_COLLECTIVE_TIMEOUT_SECONDS": "20"}
 
 
 def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, experts: int = 8,
-            sparse: int = 0) -> dict:
+            sparse: int = 0, model: str = "gpt-moe") -> dict:
     """The 3-stage TrainingJob document of the recovery rows (``sparse``: W of sparse checkpoints,
-    which then replace the dense ones until the last step)."""
+    which then replace the dense ones until the last step; ``model``: ``gpt-moe``, the reference
+    trainer, or ``pipelining-moe``, examples/pipelining-moe's own script)."""
+    if model == "pipelining-moe":
+        from lifeline.bench._moe_pipelining import pipelining_doc
+
+        return pipelining_doc(name, steps=steps, every=every, localized=localized, l2=l2, sparse=sparse, env=ENV)
     if sparse:
         every = steps
     doc = {
@@ -46,14 +51,14 @@ def job_doc(name: str, *, steps: int, every: int, localized: bool, l2: str, expe
 
 
 def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, localized: bool,
-         sparse: int = 0) -> dict[str, Any]:
+         sparse: int = 0, model: str = "gpt-moe") -> dict[str, Any]:
     from lifeline.launch.inject import Injection
     from lifeline.launch.spec import load_for_launch
     from lifeline.launch.supervisor import LaunchOptions, Supervisor
     from lifeline.runtime.events import read_events
 
     job = load_for_launch(job_doc(name, steps=steps, every=every, localized=localized, l2=f"file://{root / 'l2'}",
-                                  sparse=sparse))
+                                  sparse=sparse, model=model))
     sup = Supervisor(job, LaunchOptions(state_dir=root / name, injections=(Injection("trainer", 1, fail_step),),
                                         timeout_seconds=900, templates=False))  # fresh, as a container
     phase = sup.run()
@@ -95,11 +100,13 @@ def _one(root: Path, name: str, *, steps: int, every: int, fail_step: int, local
     }
 
 
-def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int = 7) -> dict[str, Any]:
+def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int = 7,
+                  model: str = "gpt-moe") -> dict[str, Any]:
     """Both runs and the ratio of rank-seconds recomputed (target ≤ 1 / stages)."""
-    localized = _one(root, "moe-localized", steps=steps, every=every, fail_step=fail_step, localized=True)
-    rollback = _one(root, "moe-rollback", steps=steps, every=every, fail_step=fail_step, localized=False)
-    sparse = _one(root, "moe-sparse", steps=steps, every=every, fail_step=fail_step, localized=True, sparse=3)
+    kw = dict(steps=steps, every=every, fail_step=fail_step, model=model)
+    localized = _one(root, "moe-localized", localized=True, **kw)
+    rollback = _one(root, "moe-rollback", localized=False, **kw)
+    sparse = _one(root, "moe-sparse", localized=True, sparse=3, **kw)
     ratio = steady = None
     if rollback["rank_seconds_recomputed"]:
         ratio = round(localized["rank_seconds_recomputed"] / rollback["rank_seconds_recomputed"], 4)
@@ -108,7 +115,7 @@ def recovery_rows(root: Path, *, steps: int = 12, every: int = 4, fail_step: int
         # prices its recomputed steps at the median step time instead (the conservative comparison)
         steady = round(localized["rank_seconds_recomputed"]
                        / (rollback["rank_steps_recomputed"] * rollback["step_seconds"]), 4)
-    return {"stages": STAGES, "localized": localized, "global_rollback": rollback, "localized_sparse": sparse,
+    return {"model": model, "stages": STAGES, "localized": localized, "global_rollback": rollback, "localized_sparse": sparse,
             "same_final_parameters": len({localized["digest"], rollback["digest"], sparse["digest"]}) == 1,
             "recomputed_ratio": ratio, "recomputed_ratio_at_median_step": steady,
             "target_ratio": round(1 / STAGES, 4),

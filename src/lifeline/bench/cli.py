@@ -131,6 +131,8 @@ def moe_command(
     every: int = typer.Option(4, "--every", help="Checkpoint interval of the recovery runs (steps)."),
     recovery: bool = typer.Option(True, "--recovery/--no-recovery", help="Run the two recovery runs."),
     state_dir: str = _state_dir("Directory for the runs (default: a new temp dir)."),
+    model: str = typer.Option("gpt-moe", "--model",
+                              help="gpt-moe (the reference trainer) or pipelining-moe (examples/pipelining-moe)."),
 ) -> None:
     """MoE: checkpoint bytes and stall per step (dense vs sparse), upstream-log bytes, localized vs global
     recovery of one stage, and ETTR at scale next to CheckFreq, Gemini and MoEvement."""
@@ -144,11 +146,12 @@ def moe_command(
            (steps < 3, "--steps", f"must be >= 3, got {steps}"),
            (every < 1, "--every", f"must be >= 1, got {every}"),
            (not every < fail_step < steps, "--fail-step", f"must be in (--every, --steps), got {fail_step}"),
+           (model not in ("gpt-moe", "pipelining-moe"), "--model", f"must be gpt-moe or pipelining-moe, got {model!r}"),
            state_dir=state_dir)
     from lifeline.bench.moe import run
 
     typer.echo(json.dumps(run(experts=counts, steps=steps, fail_step=fail_step, every=every, recovery=recovery,
-                              workdir=state_dir), indent=1))
+                              workdir=state_dir, model=model), indent=1))
 
 
 @app.command("crash")
@@ -237,6 +240,8 @@ def fuzz_command(
     trials: int = typer.Option(100, "--trials", help="Trials (trial i has seed SEED + i)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the first trial (--seed S --trials 1 replays trial S)."),
     max_world: int = typer.Option(8, "--max-world", help="Ranks at most in a drawn layout (2..8)."),
+    model: str = typer.Option("gpt-moe", "--model", help="gpt-moe (the reference trainer) or pipelining-moe "
+                              "(examples/pipelining-moe's script: 2-3 stages, docs/fuzz.md)."),
     exact_reference: bool = typer.Option(False, "--exact-reference", help="One failure-free reference per full "
                                          "configuration (default: one per shape: layout, model, steps)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
@@ -250,11 +255,13 @@ def fuzz_command(
 
     _check((trials < 1, "--trials", f"must be >= 1, got {trials}"),
            (seed < 0, "--seed", f"must be >= 0, got {seed}"),
-           (not 2 <= max_world <= 8, "--max-world", f"must be in [2, 8], got {max_world}"), state_dir=state_dir)
+           (not 2 <= max_world <= 8, "--max-world", f"must be in [2, 8], got {max_world}"),
+           (model not in ("gpt-moe", "pipelining-moe"), "--model", f"must be gpt-moe or pipelining-moe, got {model!r}"),
+           state_dir=state_dir)
     from lifeline.bench.fuzz import run
 
     typer.echo(json.dumps(run(trials=trials, seed=seed, max_world=max_world, workdir=state_dir, keep=keep,
-                              exact_reference=exact_reference, templates=templates), indent=1))
+                              exact_reference=exact_reference, templates=templates, model=model), indent=1))
 
 
 def _changes(text: str) -> tuple[tuple[int, int], ...] | None:

@@ -17,6 +17,10 @@ invocation; ``exact_reference`` runs one per full configuration instead). A tria
 * a fault cost more time than the bound of its kind (:func:`._fuzz_check.time_bound`).
 
 A failed trial prints the one command that replays it: ``lifeline bench fuzz --seed S --trials 1``.
+
+``model`` (``--model``): ``gpt-moe`` (default: the reference trainer, :mod:`._fuzz_draw`) or
+``pipelining-moe`` (examples/pipelining-moe's script under its own draws, :mod:`._fuzz_pipelining`);
+the checks are the same.
 """
 
 from __future__ import annotations
@@ -45,16 +49,39 @@ from lifeline.bench._fuzz_check import (
 from lifeline.bench._fuzz_draw import MAX_WORLD, FuzzTrial, draw, moment_of
 from lifeline.bench.chaos import _load
 
-__all__ = ["run", "run_one", "check", "replay_command", "commit_seed", "References", "TRIAL_TIMEOUT"]
+__all__ = ["run", "run_one", "check", "replay_command", "commit_seed", "References", "TRIAL_TIMEOUT", "MODELS",
+           "drawer"]
+
+MODELS = ("gpt-moe", "pipelining-moe")
+"""``--model`` values; the first is the default."""
 
 TRIAL_TIMEOUT = 600.0
 """A run (reference or trial) still going after this many seconds fails."""
 
 
-def replay_command(seed: int, max_world: int = MAX_WORLD, exact_reference: bool = False) -> str:
+def drawer(model: str = MODELS[0]):
+    """The draw function (``draw(seed, *, max_world) -> FuzzTrial``) of ``model`` (:data:`MODELS`).
+
+    Raises:
+        ConfigError: an unknown model.
+    """
+    if model == MODELS[0]:
+        return draw
+    if model == MODELS[1]:
+        from lifeline.bench._fuzz_pipelining import draw as draw_pipelining
+
+        return draw_pipelining
+    from lifeline.errors import ConfigError
+
+    raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {model!r}", field="--model")
+
+
+def replay_command(seed: int, max_world: int = MAX_WORLD, exact_reference: bool = False,
+                   model: str = MODELS[0]) -> str:
     """The command that replays the trial of ``seed``."""
     extra = "" if max_world == MAX_WORLD else f" --max-world {max_world}"
     extra += " --exact-reference" if exact_reference else ""
+    extra += "" if model == MODELS[0] else f" --model {model}"
     return f"lifeline bench fuzz --seed {seed} --trials 1{extra}"
 
 
@@ -128,17 +155,17 @@ def check(trial: FuzzTrial, summary: dict[str, Any], ref: dict[str, Any]) -> tup
 
 
 def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WORLD, keep: bool = False,
-            timeout: float = TRIAL_TIMEOUT, templates: bool = False) -> dict[str, Any]:
+            timeout: float = TRIAL_TIMEOUT, templates: bool = False, model: str = MODELS[0]) -> dict[str, Any]:
     """Draw, run and check the trial of ``seed`` (its state under ``root``; removed when it passed,
-    unless ``keep``; ``templates``: the faulted run forks its processes from templates). Returns
-    ``{"seed", "config", "reasons", "replay", "summary", ...}``."""
-    trial = draw(seed, max_world=max_world)
+    unless ``keep``; ``templates``: the faulted run forks its processes from templates; ``model``: whose
+    draws, :func:`drawer`). Returns ``{"seed", "config", "reasons", "replay", "summary", ...}``."""
+    trial = drawer(model)(seed, max_world=max_world)
     t0 = time.monotonic()
     ref = refs.get(trial)
     ref_seconds = time.monotonic() - t0
     state = root / f"trial-{seed}"
     out: dict[str, Any] = {"seed": seed, "config": trial.describe(), "replay": replay_command(seed, max_world,
-                                                                                          refs.exact)}
+                                                                                          refs.exact, model)}
     if not ref["ok"]:
         out.update(reasons=[f"the failure-free reference did not succeed: {ref['why']} (logs in "
                             f"{ref['state_dir']})"], summary=None, figures={}, state_dir=ref["state_dir"],
@@ -161,8 +188,9 @@ def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WOR
 
 def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir: str | None = None,
         keep: bool = False, exact_reference: bool = False, timeout: float = TRIAL_TIMEOUT,
-        progress: bool = True, templates: bool = False) -> dict[str, Any]:
-    """Run ``trials`` trials (trial ``i`` has seed ``seed + i``); returns the JSON object.
+        progress: bool = True, templates: bool = False, model: str = MODELS[0]) -> dict[str, Any]:
+    """Run ``trials`` trials (trial ``i`` has seed ``seed + i``) of ``model`` (:data:`MODELS`); returns
+    the JSON object.
 
     Fields: ``trials``, ``failures`` (count; target 0), ``failed`` (each failed trial: seed,
     configuration, reasons, ``replay`` command, state dir), ``recoveries_per_rung`` and ``_per_tier``,
@@ -172,6 +200,7 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
     per kind, ``moments`` (where the faults were placed), ``configs`` (what was drawn), ``references``
     (failure-free runs), wall time per trial, load.
     """
+    draw_trial = drawer(model)
     root = Path(workdir or tempfile.mkdtemp(prefix="lifeline-bench-fuzz-"))
     root.mkdir(parents=True, exist_ok=True)
     refs = References(root, exact=exact_reference, keep=keep, timeout=timeout)
@@ -187,7 +216,7 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
     failed, walls, extra, replans = [], [], 0, 0
     for i in range(trials):
         res = run_one(seed + i, root=root, refs=refs, max_world=max_world, keep=keep, timeout=timeout,
-                      templates=templates)
+                      templates=templates, model=model)
         s, cfg = res["summary"], res["config"]
         for k in ("layout", "schedule", "every", "persist_every", "keep", "sparse_window", "localized_replay",
                   "elastic", "micro_batches"):
@@ -195,7 +224,7 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
             configs.setdefault(k, {})[str(v)] = configs.setdefault(k, {}).get(str(v), 0) + 1
         if s is not None:
             walls.append(res["wall_seconds"])
-            trial = draw(seed + i, max_world=max_world)
+            trial = draw_trial(seed + i, max_world=max_world)
             for r in s["recoveries"]:
                 rungs[r["action"]] = rungs.get(r["action"], 0) + 1
                 tiers[str(r["tier"])] = tiers.get(str(r["tier"]), 0) + 1
@@ -226,7 +255,7 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
                                                                    if res["reasons"] else ""),
                   file=sys.stderr, flush=True)
     return {
-        "bench": "fuzz", "bed": "lifeline run", "seed": seed, "max_world": max_world, "trials": trials,
+        "bench": "fuzz", "bed": "lifeline run", "model": model, "seed": seed, "max_world": max_world, "trials": trials,
         "failures": len(failed), "passed": trials - len(failed), "failed": failed,
         "recoveries_per_rung": dict(sorted(rungs.items())), "recoveries_per_tier": dict(sorted(tiers.items())),
         "time_lost_seconds": {k: {"n": len(lost.get(k, [])), "median": median(lost.get(k, [])),

@@ -14,7 +14,7 @@ from lifeline._lazy import exports
 _EXPORTS: dict[str, str] = {}
 for _module, _names in {
     "_layout": ["Layout", "RankCoords"],
-    "_patterns": ["Pattern", "Replicated", "Sharded", "SubParams", "Padded", "Expert", "Zero1"],
+    "_patterns": ["Pattern", "Replicated", "Sharded", "SubParams", "Padded", "Expert", "Zero1", "Placed"],
     "_rules": ["PatternRules"],
     "_shard_plan": ["ALIGN", "ShardPlan", "plan_shard", "shard_buffers", "write_shard"],
     "_shard_metadata": ["DEFAULT_BLOCK_SIZE", "seal_shard", "seal_entries", "choose_block_size", "ShardMetadata",

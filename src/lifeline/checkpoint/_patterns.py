@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Union
 
 from lifeline.checkpoint._layout import Layout, RankCoords
+from lifeline.checkpoint._piece import Piece
+from lifeline.checkpoint._placed import Placed
 from lifeline.errors import LayoutError
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "Padded",
     "Expert",
     "Zero1",
+    "Placed",
     "Pattern",
     "Piece",
     "flat_range_boxes",
@@ -31,27 +34,6 @@ __all__ = [
     "pattern_to_dict",
     "pattern_from_dict",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A box of a local tensor and where it sits in the logical tensor.
-
-    The local tensor, flattened, is viewed from element ``base`` as ``base_shape``
-    (``base=0, base_shape=local.shape`` except for ZeRO-1 fragments); the box is
-    ``offsets``/``lengths`` within that view; ``global_offsets`` is its corner in the
-    logical tensor (the box has the same ``lengths`` there).
-    """
-
-    base: int
-    base_shape: tuple[int, ...]
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-    global_offsets: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.lengths)
 
 
 def _whole(shape: tuple[int, ...], global_offsets: tuple[int, ...] | None = None) -> Piece:
@@ -276,7 +258,7 @@ class Zero1:
         return start, min(numel, start + size)
 
 
-Pattern = Union[Replicated, Sharded, SubParams, Padded, Expert, Zero1]
+Pattern = Union[Replicated, Sharded, SubParams, Padded, Expert, Zero1, Placed]
 
 
 def flat_range_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[int, tuple, tuple]]:
@@ -343,7 +325,7 @@ def zero1_pieces(inner: list[Piece], param_local: tuple[int, ...], layout: Layou
 def pattern_to_dict(p: Pattern) -> dict[str, Any]:
     """JSON form: ``{"kind": "sharded", "dim": 0}`` etc."""
     kind = {Replicated: "replicated", Sharded: "sharded", SubParams: "sub_params", Padded: "padded",
-            Expert: "expert", Zero1: "zero1"}[type(p)]
+            Expert: "expert", Zero1: "zero1", Placed: "placed"}[type(p)]
     d: dict[str, Any] = {"kind": kind}
     for f in p.__dataclass_fields__:
         v = getattr(p, f)
@@ -354,7 +336,7 @@ def pattern_to_dict(p: Pattern) -> dict[str, Any]:
 def pattern_from_dict(d: dict[str, Any]) -> Pattern:
     """Inverse of :func:`pattern_to_dict`."""
     classes = {"replicated": Replicated, "sharded": Sharded, "sub_params": SubParams, "padded": Padded,
-               "expert": Expert, "zero1": Zero1}
+               "expert": Expert, "zero1": Zero1, "placed": Placed}
     d = dict(d)
     cls = classes.get(d.pop("kind", None))
     if cls is None:

@@ -18,12 +18,15 @@ Rules, in order:
    * a collective error reported alone (in the current generation) counts only after
      ``collectiveGraceSeconds``: a dead peer's own signal (its exit, its silent sidecar) must
      have had time to show, so that a node loss is one recovery, not a restart in place first;
-   * no step progress for ``hangTimeoutSeconds`` (measured from the newest report or the last
-     recovery, whichever is later) is a hang; while recovering, ranks that have said nothing since
-     the plan (trainers it restarted, still starting) get ``startupGraceSeconds`` from the plan first,
-     as a starting sidecar does (a liveness probe's initial delay); past it, a rank whose pod is
-     Ready but which still said nothing is frozen (``TrainerSilent``: restarted in its pod while its
-     sidecar heartbeats and the runner can, else its pod is replaced).
+   * no step progress for ``hangTimeoutSeconds`` (measured from the newest report, the last
+     recovery or, while recovering, the newest recovery beat, whichever is later) is a hang; while
+     recovering, trainers beat every second (``lifeline.runtime._beat``): while another beats, a rank
+     whose current incarnation spoke and then stayed silent for ``hangTimeoutSeconds`` is frozen
+     (:func:`_frozen_in_recovery`); ranks that have said nothing since the plan (trainers still
+     starting) get ``startupGraceSeconds`` from the plan first, as a starting sidecar does (a
+     liveness probe's initial delay); past it, a rank whose pod is Ready but which still said nothing
+     is frozen (``TrainerSilent``: restarted in its pod while its sidecar heartbeats and the runner
+     can, else its pod is replaced).
 
    :func:`~lifeline.control.failures.classify` folds them; :func:`~lifeline.control.plan.plan_recovery`
    picks the rung (never without the catalog's holdings: while it cannot be read, the decision waits). With ``settle`` given, planning waits until the job is quiet (the copies in
@@ -98,6 +101,9 @@ class Observed:
         catalog: the catalog's facts (``None``: the catalog could not be read this round).
         restarts_trainers: the runner can restart a frozen trainer in its pod, keeping the sidecar
             (``lifeline run`` kills the process); the operator cannot yet (it replaces the pod).
+        trainer_started: rank -> when its running trainer (process or container) started, seconds
+            since the epoch, whoever started it (a plan, the runner restarting a straggler); a rank
+            left out is not known (then a silent rank gets the start-up grace, never less).
     """
 
     node_of_rank: tuple[str | None, ...]
@@ -108,6 +114,7 @@ class Observed:
     finished: bool = False
     catalog: CatalogFacts | None = None
     restarts_trainers: bool = False
+    trainer_started: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -215,20 +222,66 @@ def _catalog_signals(spec: TrainingJobSpec, record: Record, observed: Observed, 
     if record.phase in ("Running", "Recovering") and progress.last_time is not None:
         since = max(progress.last_time, record.acted_at or 0.0)
         rec = spec.recovery
-        silent = progress.silent_since(record.acted_at, world) \
-            if record.phase == "Recovering" and record.acted_at is not None else frozenset()
-        if silent:  # restarted trainers are still starting: the start-up grace first
+        recovering = record.phase == "Recovering" and record.acted_at is not None
+        started = observed.trainer_started
+        # still starting: nothing said since the plan, or nothing by the current incarnation (a trainer
+        # restarted after its old incarnation's last word: fuzz pipelining-moe seed 23)
+        silent = progress.silent_since(record.acted_at, world) | _unspoken(progress, world, started) \
+            if recovering else frozenset()
+        frozen = _frozen_in_recovery(spec, record, progress, world, now, started) if recovering else {}
+        if recovering and progress.last_beat is not None:  # trainers that beat are recovering, not stalled
+            since = max(since, progress.last_beat)
+        starting = silent - frozen.keys()
+        if starting:  # restarted trainers are still starting: the start-up grace first
             since = max(since, record.acted_at + max(0.0, rec.startup_grace_seconds - rec.hang_timeout_seconds))
-            if now - record.acted_at > rec.startup_grace_seconds:  # past it, a running one is frozen
-                signals += [TrainerSilent(r, observed.node_of_rank[r], now - record.acted_at,
-                                          in_place=observed.restarts_trainers and r in facts.registered)
-                            for r in sorted(silent & observed.ready)]
+            for r in starting:  # past it, a running one is frozen (the grace counts from its start)
+                began = max(record.acted_at, started.get(r, record.acted_at))
+                if now - began > rec.startup_grace_seconds:
+                    frozen[r] = now - began
+        signals += [TrainerSilent(r, observed.node_of_rank[r], seconds,
+                                  in_place=observed.restarts_trainers and r in facts.registered)
+                    for r, seconds in sorted(frozen.items()) if r in observed.ready]
         signals.append(StepStalled(progress.step, max(0.0, now - since)))
     if facts.generation == record.generation:
         grace = spec.recovery.collective_grace_seconds
         signals += [CollectiveErrorReported(rank, observed.node_of_rank[rank], detail)
                     for rank, detail, at in progress.failures if rank < world and now - at >= grace]
     return signals
+
+
+def _unspoken(progress: Progress, world: int, started: Mapping[int, float]) -> frozenset[int]:
+    """Ranks whose running trainer started after their last word (its incarnation has said nothing)."""
+    return frozenset(r for r in range(world) if (began := started.get(r)) is not None
+                     and ((alive := progress.alive_at(r)) is None or alive < began))
+
+
+def _frozen_in_recovery(spec: TrainingJobSpec, record: Record, progress: Progress, world: int, now: float,
+                        started: Mapping[int, float]) -> dict[int, float]:
+    """Ranks frozen during the current recovery -> seconds since each last said anything.
+
+    A trainer beats every second while it starts or recovers (``lifeline.runtime._beat``), so while
+    another rank still beats, a rank whose *current incarnation* has spoken (a report or a beat after
+    its trainer started, :attr:`Observed.trainer_started`) and then went silent for
+    ``hangTimeoutSeconds`` since its last word or the plan, whichever is later, is frozen: a survivor
+    that froze as the plan came, or a restarted trainer that froze after it beat. A rank whose current
+    incarnation has not spoken yet is still starting, whoever started it (this plan, an earlier one,
+    the runner restarting a straggler): the start-up grace covers it, as does a rank whose trainer's
+    start the runner does not report. With no rank beating, this is no rank's fault: the step stall
+    decides (a hang of the whole job). Fuzz seed 606 (docs/control.md "Hangs during a recovery")."""
+    rec = spec.recovery
+    if progress.last_beat is None or now - progress.last_beat > rec.hang_timeout_seconds:
+        return {}
+    out = {}
+    for rank in range(world):
+        alive, began = progress.alive_at(rank), started.get(rank)
+        if began is None or alive is None or alive < began or rank in progress.done_ranks:
+            continue  # not known, or its current incarnation is still starting (the start-up grace)
+        # a survivor blocked in a collective with a lost rank said nothing since its last step, maybe
+        # longer ago than the timeout when the plan came: it gets the timeout from the plan on
+        silent_for = now - max(alive, record.acted_at)
+        if silent_for > rec.hang_timeout_seconds:
+            out[rank] = silent_for
+    return out
 
 
 def _state_step(record: Record, facts: CatalogFacts) -> int:

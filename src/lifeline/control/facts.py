@@ -54,6 +54,9 @@ class _View(Protocol):
     def reports(self) -> Mapping[int, Report]: ...
 
     @property
+    def beats(self) -> Mapping[int, float]: ...
+
+    @property
     def registrations(self) -> Mapping[int, _Registration]: ...
 
     @property
@@ -96,7 +99,7 @@ class CatalogFacts:
         """From one catalog read (:meth:`lifeline.catalog.Catalog.view`)."""
         return cls(
             generation=view.generation,
-            progress=Progress.of(view.reports.values(), view.generation),
+            progress=Progress.of(view.reports.values(), view.generation, view.beats),
             registered={rank: reg.node for rank, reg in view.registrations.items()},
             holdings=view.holdings,
             complete_step=view.complete_step,

@@ -97,9 +97,10 @@ class CollectiveErrorReported:
 
 @dataclass(frozen=True)
 class TrainerSilent:
-    """A rank whose trainer runs (its pod is Ready) said nothing for ``seconds`` since the current
-    recovery was acted on, past the start-up grace: frozen (SIGSTOP, a dead device), it reads no plan
-    and blocks its peers' rendezvous. ``in_place``: its sidecar still heartbeats and the runner can
+    """A rank whose trainer runs (its pod is Ready) went silent during the current recovery for
+    ``seconds``: no report and no recovery beat for ``hangTimeoutSeconds`` while another rank beats,
+    or nothing at all since the plan restarted it, past the start-up grace. Frozen (SIGSTOP, a dead
+    device), it reads no plan and blocks its peers' rendezvous. ``in_place``: its sidecar still heartbeats and the runner can
     restart the trainer in its pod (``lifeline run`` kills the process), so the sidecar's L0 copies
     stay: a ``HANG`` of that rank; otherwise (Kubernetes: nothing but replacing the pod frees it) a
     ``POD_LOST``."""
@@ -166,11 +167,11 @@ def classify(
         elif isinstance(sig, PodGone):
             keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node, sig.reason))
         elif isinstance(sig, TrainerSilent) and sig.in_place:
-            keep(Failure(FailureKind.HANG, (sig.rank,), sig.node, f"trainer silent {sig.seconds:.0f}s since the "
-                         "recovery began while its sidecar heartbeats: restarted in its pod"))
+            keep(Failure(FailureKind.HANG, (sig.rank,), sig.node, f"trainer silent {sig.seconds:.0f}s during the "
+                         "recovery while its sidecar heartbeats: restarted in its pod"))
         elif isinstance(sig, TrainerSilent):
             keep(Failure(FailureKind.POD_LOST, (sig.rank,), sig.node,
-                         f"trainer silent {sig.seconds:.0f}s since the recovery began: its pod is replaced"))
+                         f"trainer silent {sig.seconds:.0f}s during the recovery: its pod is replaced"))
         elif isinstance(sig, HeartbeatExpired):
             keep(Failure(FailureKind.SIDECAR_LOST, (sig.rank,), sig.node,
                          f"heartbeat expired {sig.age_seconds:.1f}s ago"))

@@ -53,6 +53,9 @@ class Progress:
             generation passed to :meth:`of`.
         latest: ``(rank, generation, event, step)`` of each rank's latest report, by rank.
         times: ``(rank, time)`` of each rank's latest report (seconds since the epoch), by rank.
+        beats: ``(rank, time)`` of each rank's latest recovery beat (seconds since the epoch), by
+            rank: a trainer beats every second while it starts or recovers, reporting nothing else
+            while it waits (for a plan, its peers, a replay).
     """
 
     step: int = 0
@@ -62,13 +65,16 @@ class Progress:
     failures: tuple[tuple[int, str, float], ...] = ()
     latest: tuple[tuple[int, int, str, int], ...] = ()
     times: tuple[tuple[int, float], ...] = ()
+    beats: tuple[tuple[int, float], ...] = ()
 
     @classmethod
-    def of(cls, reports: Iterable[Report], generation: int) -> Progress:
-        """Summarise the latest report of each rank; ``generation`` is the job's current one."""
+    def of(cls, reports: Iterable[Report], generation: int, beats: Mapping[int, float] | None = None) -> Progress:
+        """Summarise the latest report of each rank; ``generation`` is the job's current one;
+        ``beats``: rank -> its latest recovery beat (seconds since the epoch)."""
         reports = list(reports)
+        beat_times = tuple(sorted((beats or {}).items()))
         if not reports:
-            return cls()
+            return cls(beats=beat_times)
         steps = [r.step or 0 for r in reports]
         return cls(
             step=max(steps),
@@ -79,12 +85,23 @@ class Progress:
                                   if r.event == "failure" and r.generation == generation)),
             latest=tuple(sorted((r.rank, r.generation, r.event, r.step or 0) for r in reports)),
             times=tuple(sorted((r.rank, r.time) for r in reports)),
+            beats=beat_times,
         )
 
+    def alive_at(self, rank: int) -> float | None:
+        """When ``rank`` last said anything, a report or a beat (seconds since the epoch; ``None``: never)."""
+        times = [at for r, at in (*self.times, *self.beats) if r == rank]
+        return max(times, default=None)
+
+    @property
+    def last_beat(self) -> float | None:
+        """The newest recovery beat of any rank (seconds since the epoch; ``None``: none)."""
+        return max((at for _, at in self.beats), default=None)
+
     def silent_since(self, t: float, world_size: int) -> frozenset[int]:
-        """Ranks ``< world_size`` with no report at or after ``t`` (seconds since the epoch): e.g.
-        trainers a recovery restarted that are still starting."""
-        spoke = {rank for rank, at in self.times if at >= t}
+        """Ranks ``< world_size`` with no report or beat at or after ``t`` (seconds since the epoch):
+        e.g. trainers a recovery restarted that are still starting."""
+        spoke = {rank for rank, at in (*self.times, *self.beats) if at >= t}
         return frozenset(r for r in range(world_size) if r not in spoke)
 
     def trained_in(self, generation: int, world_size: int) -> bool:

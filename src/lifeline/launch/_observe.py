@@ -49,6 +49,9 @@ class PodView(Protocol):
     @property
     def registered_at(self) -> float | None: ...
 
+    @property
+    def trainer_started_at(self) -> float | None: ...
+
     def exit_code(self, role: str) -> int | None: ...
 
 
@@ -92,6 +95,9 @@ def observed_of(pods: Mapping[int, PodView], nodes: Mapping[str, NodeState], vie
         finished=finished,
         catalog=CatalogFacts.of(view),
         restarts_trainers=True,  # the supervisor kills a frozen trainer the plan restarts (a HANG)
+        # when each running trainer process started (by a plan or as a straggler): whether its words are its own
+        trainer_started={rank: pod.trainer_started_at for rank, pod in pods.items()
+                         if pod.trainer_started_at is not None and pod.exit_code("trainer") is None},
     )
 
 

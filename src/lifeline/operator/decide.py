@@ -26,6 +26,7 @@ from lifeline.operator.observe import (
     pod_signals,
     sidecar_states,
     terminations,
+    trainer_starts,
 )
 from lifeline.operator.recorded import Recorded
 
@@ -147,6 +148,7 @@ def decide_from_cluster(spec: TrainingJobSpec, recorded: Recorded, obs: Observat
         ready=_ready(live) if not missing else frozenset(),
         finished=_finished(obs.pods, world),
         catalog=CatalogFacts.of(obs.catalog) if obs.catalog is not None else None,
+        trainer_started=trainer_starts(live),
     )
     d = engine_decide(spec, record_of(recorded, status), observed, now=now)
 

@@ -24,6 +24,7 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from lifeline.api.manifests import LABEL_GENERATION, LABEL_RANK, SIDECAR_CONTAINER, job_selector
+from lifeline.api.trainingjob import TRAINER_CONTAINER
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import ClusterState, ContainerTerminated, NodeCondition, NodeState, PodGone, SidecarState, Signal
 from lifeline.errors import CatalogError
@@ -193,6 +194,20 @@ def sidecar_states(pods: Mapping[int, Mapping[str, Any]], last_seen: Mapping[tup
         uid = (pod.get("metadata") or {}).get("uid", "")
         out.append(SidecarState(rank, (pod.get("spec") or {}).get("nodeName"), started, seen.get((rank, uid))))
     return tuple(out)
+
+
+def trainer_starts(pods: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:
+    """rank -> when its trainer container last started running (seconds since the epoch), for each
+    pod whose trainer runs. ``startedAt`` has whole seconds: a start counts from the end of its second,
+    so a word its previous incarnation said within that second is never taken for the new one's."""
+    out = {}
+    for rank, pod in sorted(pods.items()):
+        cs = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                   if c["name"] == TRAINER_CONTAINER), None)
+        started = _parse_time((((cs or {}).get("state") or {}).get("running") or {}).get("startedAt"))
+        if started is not None:
+            out[rank] = started + 1.0
+    return out
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ The public SDK for a training script of one's own (docs/sdk.md):
   its optional hooks are the protocols :class:`BeforeUpdate`, :class:`LogsUpstream`,
   :class:`SparseOperators`, :class:`ProvidesRestoreState`, :class:`ProvidesInitialState`.
 
-See ``docs/sdk.md`` and ``docs/runtime.md``.
+* :class:`Pipeline` names a ``torch.distributed.pipelining`` stage and schedule for :func:`train`
+  (``pipeline=``): upstream logging, localized replay and sparse operators (:class:`Operators`) for a
+  pipeline of one's own (:class:`PipelineTrainer`; docs/pipelining.md).
+
+* :mod:`lifeline.runtime.hf` (the ``hf`` extra, imported by name only): ``LifelineTrainer``, a
+  Hugging Face ``transformers.Trainer`` whose own loop runs under :func:`run_training`.
+
+See ``docs/sdk.md``, ``docs/pipelining.md`` and ``docs/runtime.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ if TYPE_CHECKING:  # the names type checkers see; at run time they are imported 
     from lifeline.runtime._init import init
     from lifeline.runtime._loop import StatefulTrainer, StepFn, StepOutcome, train
     from lifeline.runtime._make import make_checkpointer
+    from lifeline.runtime._operators import Operators
+    from lifeline.runtime._pipeline_trainer import Pipeline, PipelineTrainer
     from lifeline.runtime._rendezvous import Superseded, rendezvous
     from lifeline.runtime._sidecar import SidecarCheckpointer
     from lifeline.runtime._sparse import SparseWindows
@@ -47,6 +56,9 @@ _EXPORTS = {
     "Checkpointer": "_checkpointer",
     "LogsUpstream": "_hooks",
     "ModelSpec": "_trainable",
+    "Operators": "_operators",
+    "Pipeline": "_pipeline_trainer",
+    "PipelineTrainer": "_pipeline_trainer",
     "ProvidesInitialState": "_hooks",
     "ProvidesRestoreState": "_hooks",
     "RuntimeContext": "_context",
@@ -82,6 +94,9 @@ __all__ = [
     "Checkpointer",
     "LogsUpstream",
     "ModelSpec",
+    "Operators",
+    "Pipeline",
+    "PipelineTrainer",
     "ProvidesInitialState",
     "ProvidesRestoreState",
     "RuntimeContext",

@@ -30,17 +30,19 @@ class StatefulCheckpointer:
     Args:
         ctx: from :func:`~lifeline.runtime.init`.
         states: see :class:`StatefulState` (names without dots; the unwrapped module).
-        rules: tensor patterns, default all replicated (data parallelism).
-        checkpointer: default :func:`~lifeline.runtime.make_checkpointer` for ``ctx``.
+        rules: tensor patterns, default all replicated (data parallelism); DTensor entries (FSDP2,
+            tensor parallelism) take theirs from their placements (``self.state.rules``).
+        checkpointer: default :func:`~lifeline.runtime.make_checkpointer` for ``ctx`` with
+            ``self.state.rules`` (leave it out for a state with DTensor entries).
         rng: also save and restore the process's torch CPU and ``random`` generators.
     """
 
     def __init__(self, ctx: RuntimeContext, states: Mapping[str, Stateful], *, rules: PatternRules | None = None,
                  checkpointer: Checkpointer | None = None, rng: bool = True) -> None:
         self.ctx = ctx
-        self.state = StatefulState(states, rng=rng)
+        self.state = StatefulState(states, rng=rng, rules=rules)
         self.checkpointer = checkpointer if checkpointer is not None else make_checkpointer(
-            ctx.settings, ctx.layout, rules if rules is not None else PatternRules())
+            ctx.settings, ctx.layout, self.state.rules)
 
     def restore(self) -> int:
         """Restore the step the current generation's recovery plan names, else the latest complete

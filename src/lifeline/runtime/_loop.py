@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -54,12 +55,15 @@ class StatefulTrainer:
         disconnect: called before a generation is torn down: drop every reference to what
             ``connect`` built (a live reference keeps the old group's sockets open).
         tokens_per_step: reported as ``tokens`` of each step (whole job), 0 when unknown.
+        rules: the plain tensors' patterns (:class:`~lifeline.runtime.StatefulState`); the checkpointer
+            takes ``self.state_of.rules`` (DTensor entries added).
     """
 
     def __init__(self, states: Mapping[str, Stateful], step_fn: StepFn, *,
                  connect: Callable[[timedelta | None], None] | None = None,
-                 disconnect: Callable[[], None] | None = None, tokens_per_step: int = 0, rng: bool = True) -> None:
-        self.state_of = StatefulState(states, rng=rng)
+                 disconnect: Callable[[], None] | None = None, tokens_per_step: int = 0, rng: bool = True,
+                 rules: PatternRules | None = None) -> None:
+        self.state_of = StatefulState(states, rng=rng, rules=rules)
         self.step_fn, self._connect, self._disconnect = step_fn, connect, disconnect
         self.tokens_per_step = tokens_per_step
         self.step = 0
@@ -114,7 +118,8 @@ class _OneTrainer:
 def train(ctx: RuntimeContext, states: Mapping[str, Stateful], step_fn: StepFn, *,
           connect: Callable[[timedelta | None], None] | None = None, disconnect: Callable[[], None] | None = None,
           steps: int | None = None, every: int | None = None, rules: PatternRules | None = None,
-          checkpointer: Checkpointer | None = None, tokens_per_step: int = 0, rng: bool = True) -> TrainingSummary:
+          checkpointer: Checkpointer | None = None, tokens_per_step: int = 0, rng: bool = True,
+          pipeline: Any = None) -> TrainingSummary:
     """Train ``states`` with ``step_fn`` until ``steps`` optimizer steps are complete, under the runtime.
 
     The loop is :func:`~lifeline.runtime.run_training`'s: at start it restores the current
@@ -128,15 +133,22 @@ def train(ctx: RuntimeContext, states: Mapping[str, Stateful], step_fn: StepFn, 
         states, step_fn, connect, disconnect, tokens_per_step, rng: see :class:`StatefulTrainer`.
         steps: default ``LIFELINE_STEPS`` (the TrainingJob's ``spec.steps``).
         every: steps between checkpoints, default ``LIFELINE_CHECKPOINT_EVERY`` (``checkpoint.every``).
-        rules: tensor patterns, default all replicated (data parallelism).
+        rules: tensor patterns, default all replicated (data parallelism); a DTensor entry (FSDP2,
+            tensor parallelism) takes its pattern from its placements instead.
         checkpointer: default :func:`~lifeline.runtime.make_checkpointer` (the sidecar, or storage
-            when ``LIFELINE_CHECKPOINT_URI`` is set).
+            when ``LIFELINE_CHECKPOINT_URI`` is set); leave it out for a state with DTensor entries
+            (the checkpointer must plan them with the state's own rules).
+        pipeline: the rank's :class:`~lifeline.runtime.Pipeline` (a ``torch.distributed.pipelining``
+            stage and schedule): the steps then log what the stage sends, and a failed stage recovers
+            by localized replay when the job asks for it (``recovery.localizedReplay``; docs/pipelining.md).
 
     Returns:
         The :class:`~lifeline.runtime.TrainingSummary` (``retired`` after an elastic shrink left this rank out).
 
     Raises:
-        ConfigError: ``steps`` or ``every`` < 1, or bad ``states``.
+        ConfigError: ``steps`` or ``every`` < 1, or bad ``states``; with ``pipeline`` and upstream
+            logging on, a model that cannot replay bit for bit
+            (:func:`~lifeline.runtime._pipeline_trainer.check_deterministic`).
         RecoveryError: no recovery plan came in time, or a restore failed.
         Any exception of ``step_fn`` that is not a collective error.
     """
@@ -144,8 +156,19 @@ def train(ctx: RuntimeContext, states: Mapping[str, Stateful], step_fn: StepFn, 
     every = ctx.settings.checkpoint_every if every is None else every
     if steps < 1 or every < 1:
         raise ConfigError(f"train(steps={steps}, every={every}): both must be >= 1", field="steps", job=ctx.job)
-    trainer = StatefulTrainer(states, step_fn, connect=connect, disconnect=disconnect,
-                              tokens_per_step=tokens_per_step, rng=rng)
+    if pipeline is None:
+        trainer = StatefulTrainer(states, step_fn, connect=connect, disconnect=disconnect,
+                                  tokens_per_step=tokens_per_step, rng=rng)
+    else:  # a Pipeline (lifeline.runtime._pipeline_trainer) makes its PipelineTrainer
+        trainer = pipeline.trainer(states, step_fn, connect=connect, disconnect=disconnect,
+                                   tokens_per_step=tokens_per_step, rng=rng,
+                                   replay=getattr(ctx.settings, "upstream_log_steps", 0) > 0,
+                                   stage=ctx.layout.coords(ctx.rank).pipeline)
+    if rules is not None:
+        trainer.state_of.rules.base = rules  # DTensor entries first, then these
     if checkpointer is None:
-        checkpointer = make_checkpointer(ctx.settings, ctx.layout, rules if rules is not None else PatternRules())
+        checkpointer = make_checkpointer(ctx.settings, ctx.layout, trainer.state_of.rules)
+    elif trainer.state_of.sharded and getattr(checkpointer, "rules", None) is not trainer.state_of.rules:
+        raise ConfigError("the state holds DTensor entries: leave checkpointer= out, train() makes one that plans "
+                          "them by their placements", field="checkpointer", job=ctx.job)
     return run_training(ctx, _OneTrainer(trainer), checkpointer, steps, every)

@@ -35,6 +35,7 @@ from lifeline.checkpoint import (
     with_window,
 )
 from lifeline.errors import LifelineError, RecoveryError
+from lifeline.runtime._hooks import ProvidesRestoreState
 from lifeline.sidecar.client import LogKey
 
 __all__ = ["SparseWindows"]
@@ -168,7 +169,10 @@ class SparseWindows:
         except LifelineError as err:
             raise RecoveryError(f"sparse slot of step {step} is not available: {err}", job=self.job,
                                 rank=self.rank, step=step) from err
-        full: dict[str, Any] = dict(trainer.state())
+        # a trainer whose restore template differs from its state (optimizer moments not there before the
+        # first step: a restarted process) gives the template, as a dense restore does
+        full: dict[str, Any] = dict(trainer.restore_state() if isinstance(trainer, ProvidesRestoreState)
+                                    else trainer.state())
         record = unpack_slot(data, full, layout=self.layout, rank=self.rank, rules=self.rules)
         if record.step != step:
             raise RecoveryError(f"the slot stored for step {step} is of step {record.step}", job=self.job,

@@ -35,9 +35,10 @@ from lifeline.sidecar._copy import write_parallel
 from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
 from lifeline.sidecar._logkey import LogKey
 from lifeline.sidecar._receipts import RestoreResult, SaveReceipt
+from lifeline.sidecar._staging import HostStager, host_bytes
 from lifeline.sidecar.arena import ArenaView
 
-__all__ = ["PendingSave", "RestoreResult", "SaveReceipt", "SidecarClient"]
+__all__ = ["HostStager", "PendingSave", "RestoreResult", "SaveReceipt", "SidecarClient"]
 
 
 class PendingSave:
@@ -310,7 +311,8 @@ class SidecarClient:
 
     # ------------------------------------------------------------------ upstream logs
     def put_log(self, key: LogKey, data: Any) -> None:
-        """Store an upstream-log entry (bytes-like or a contiguous CPU tensor's bytes); replicated to peers."""
+        """Store an upstream-log entry (bytes-like, or a tensor's bytes: a device tensor is staged to host
+        memory first); replicated to peers."""
         view = _bytes_view(data)
         try:
             send_ctrl(self._sock, {"op": "log_put", "key": key.to_dict(), "nbytes": len(view)})
@@ -371,8 +373,7 @@ class SidecarClient:
 
 
 def _bytes_view(data: Any) -> memoryview:
-    if hasattr(data, "numpy") and hasattr(data, "is_contiguous"):
-        import torch
-
-        return memoryview(data.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return memoryview(data).cast("B")
+    """The bytes of an upstream-log entry: a tensor on any device (a device tensor staged to host
+    memory through a pinned buffer of its own, :mod:`lifeline.sidecar._staging`: entries may be put from
+    several threads) or bytes-like."""
+    return host_bytes(data)
