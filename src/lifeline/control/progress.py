@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 __all__ = ["Report", "Progress"]
@@ -88,10 +89,18 @@ class Progress:
             beats=beat_times,
         )
 
+    @cached_property
+    def last_words(self) -> dict[int, float]:
+        """rank -> when it last said anything, a report or a beat (seconds since the epoch); computed
+        once per round's ``Progress`` (the engine asks for every rank: one pass, not one per rank)."""
+        out: dict[int, float] = {}
+        for rank, at in (*self.times, *self.beats):
+            out[rank] = max(at, out.get(rank, at))
+        return out
+
     def alive_at(self, rank: int) -> float | None:
         """When ``rank`` last said anything, a report or a beat (seconds since the epoch; ``None``: never)."""
-        times = [at for r, at in (*self.times, *self.beats) if r == rank]
-        return max(times, default=None)
+        return self.last_words.get(rank)
 
     @property
     def last_beat(self) -> float | None:
@@ -101,8 +110,8 @@ class Progress:
     def silent_since(self, t: float, world_size: int) -> frozenset[int]:
         """Ranks ``< world_size`` with no report or beat at or after ``t`` (seconds since the epoch):
         e.g. trainers a recovery restarted that are still starting."""
-        spoke = {rank for rank, at in (*self.times, *self.beats) if at >= t}
-        return frozenset(r for r in range(world_size) if r not in spoke)
+        words = self.last_words
+        return frozenset(r for r in range(world_size) if words.get(r, t - 1.0) < t)
 
     def trained_in(self, generation: int, world_size: int) -> bool:
         """True when every rank ``< world_size`` reported a step (or finished) in ``generation``

@@ -24,6 +24,7 @@ gradient scalers are not covered (their state is outside what is saved here).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -94,15 +95,9 @@ class _Progress:
         if self.loaded is None:
             return
         torch.set_rng_state(torch.frombuffer(bytearray(self.loaded["rng_torch"]), dtype=torch.uint8))
-        random.setstate(_literal_tuple(self.loaded["rng_python"]))
+        random.setstate(ast.literal_eval(self.loaded["rng_python"]))
         name, keys, pos, has_gauss, gauss = self.loaded["rng_numpy"]
         np.random.set_state((name, np.frombuffer(keys, dtype=np.uint32).copy(), int(pos), int(has_gauss), gauss))
-
-
-def _literal_tuple(text: str) -> tuple:
-    import ast
-
-    return ast.literal_eval(text)
 
 
 class _Park(TrainerCallback):
