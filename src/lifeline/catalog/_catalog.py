@@ -83,6 +83,7 @@ class Catalog(_Holdings):
             url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, decode_responses=True, **auth
         )
         self._advance = self._r.register_script(_scripts.ADVANCE)
+        self._restore_complete = self._r.register_script(_scripts.RESTORE_COMPLETE)
         self._persisted = self._r.register_script(_scripts.PERSISTED)
         self._register_holding_scripts()
         self._put_plan = self._r.register_script(_scripts.PUT_PLAN)
@@ -150,6 +151,16 @@ class Catalog(_Holdings):
         args = [self.world_size, tier, self.keys.holders_prefix, rank, floor, *tried]
         keys = [self.keys.complete, self.keys.complete_floors]
         return int(self._call(self._advance, keys=keys, args=args))
+
+    def restore_complete_step(self, step: int) -> int:
+        """Raise the latest complete step to ``step``, a step the caller saw complete before (a runner
+        repairing a Redis that came back empty); never lowers it. Returns the latest complete step after.
+
+        Raises:
+            CatalogError: Redis unreachable.
+        """
+        keys = [self.keys.complete, self.keys.complete_floors]
+        return int(self._call(self._restore_complete, keys=keys, args=[int(step)]))
 
     def latest_complete_step(self) -> int | None:
         """The job's latest complete step, or ``None`` when no checkpoint is complete yet."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ADVANCE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "PRUNE"]
+__all__ = ["ADVANCE", "RESTORE_COMPLETE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "PRUNE"]
 
 ADVANCE = """
 -- KEYS[1] = complete, KEYS[2] = complete:floors; ARGV = world_size, tier, holders prefix, rank, floor,
@@ -50,6 +50,20 @@ return best
 """Advance the latest complete step to the newest of the given steps that every rank holds at the tier;
 never backwards. While no step is recorded (a new job, or Redis restarted empty), each rank's call
 records ``max(floor, derived)`` and the step is set once every rank below the world size has called."""
+
+RESTORE_COMPLETE = """
+-- KEYS[1] = complete, KEYS[2] = complete:floors; ARGV[1] = step. Returns the latest complete step after.
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local step = tonumber(ARGV[1])
+if step > cur then
+  redis.call('SET', KEYS[1], step)
+  redis.call('DEL', KEYS[2])
+  return step
+end
+return cur
+"""
+"""Raise the latest complete step to a step known complete before (never lowers it); the floors a
+restarted Redis was collecting are dropped, the step being set."""
 
 PERSISTED = """
 -- KEYS[1] = persisted:<step>, KEYS[2] = commit:<step>; ARGV = rank, world. 1 if the caller must commit.

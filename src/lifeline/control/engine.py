@@ -41,9 +41,8 @@ Rules, in order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 
-from lifeline.api.recovery import Failure, RecoveryPlan
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction, TrainingJobSpec
 from lifeline.control.failures import (
     CollectiveErrorReported,
@@ -53,9 +52,11 @@ from lifeline.control.failures import (
     TrainerSilent,
     classify,
 )
+from lifeline.control._rounds import Decision, Observed, Record, Settle, SidecarState
 from lifeline.control.elastic import plan_grow
 from lifeline.control.facts import CatalogFacts
 from lifeline.control.plan import plan_recovery
+from lifeline.control.preemption import annotate, preempted
 from lifeline.control.progress import Progress
 from lifeline.control.state import ClusterState, JobState
 
@@ -65,121 +66,6 @@ SETTLE_SECONDS = 1.0
 """Planning waits at most this long after the first failure signal when the runner asks to settle
 (:class:`Settle`): the dead rank's last save may still be sealing, and survivors finish the step
 they are in before they block. A plan made on the settled holdings names a step every rank holds."""
-
-
-@dataclass(frozen=True)
-class SidecarState:
-    """A rank's sidecar that the runner sees running (its container running, or its process alive).
-
-    Attributes:
-        rank: the rank.
-        node: the node it runs on.
-        running_since: when it started, seconds since the epoch.
-        last_seen: when this runner last saw it registered on ``node`` (``None``: not yet, or the
-            runner does not remember, e.g. an operator that restarted).
-    """
-
-    rank: int
-    node: str | None
-    running_since: float
-    last_seen: float | None = None
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What a runner observed this round.
-
-    Attributes:
-        node_of_rank: node of each rank of the current layout (``None``: not placed, or a rank whose
-            old incarnation the current plan is replacing and which therefore says nothing new).
-        cluster: the nodes (ready, schedulable, capacity).
-        signals: the runner's own failure signals (container terminations not yet answered, pods
-            gone, node conditions of the nodes the job uses).
-        sidecars: the sidecars the runner sees running.
-        ready: ranks whose pod (or processes) are ready.
-        finished: every trainer exited 0.
-        catalog: the catalog's facts (``None``: the catalog could not be read this round).
-        restarts_trainers: the runner can restart a frozen trainer in its pod, keeping the sidecar
-            (``lifeline run`` kills the process); the operator cannot yet (it replaces the pod).
-        trainer_started: rank -> when its running trainer (process or container) started, seconds
-            since the epoch, whoever started it (a plan, the runner restarting a straggler); a rank
-            left out is not known (then a silent rank gets the start-up grace, never less).
-    """
-
-    node_of_rank: tuple[str | None, ...]
-    cluster: ClusterState
-    signals: tuple[Signal, ...] = ()
-    sidecars: tuple[SidecarState, ...] = ()
-    ready: frozenset[int] = frozenset()
-    finished: bool = False
-    catalog: CatalogFacts | None = None
-    restarts_trainers: bool = False
-    trainer_started: Mapping[int, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Record:
-    """What the runner remembers of the job (the operator: annotations and status; ``lifeline run``: memory).
-
-    Attributes:
-        phase, reason, message: the current phase and why.
-        generation: the current generation.
-        restarts: recoveries performed.
-        plan: the plan that started ``generation`` (``None`` at generation 0).
-        cool_downs: node -> expiry (seconds since the epoch) for the job's pods.
-        acted_at: when the current plan was made (restarts the hang clock; ``None``: never).
-        resumed_from: a run resumed from storage starts at this step, which counts as reached.
-    """
-
-    phase: str = "Pending"
-    reason: str = ""
-    message: str = ""
-    generation: int = 0
-    restarts: int = 0
-    plan: RecoveryPlan | None = None
-    cool_downs: Mapping[str, float] = field(default_factory=dict)
-    acted_at: float | None = None
-    resumed_from: int = 0
-
-    def layout(self, spec: TrainingJobSpec) -> LayoutSpec:
-        """The layout of the current generation (the plan's, after a reshard)."""
-        return self.plan.layout if self.plan is not None else spec.layout
-
-
-@dataclass(frozen=True)
-class Settle:
-    """A runner's wish to plan on settled holdings: ``since`` the first failure signal (seconds since
-    the epoch); ``quiet`` when every live trainer reported itself blocked and the holdings did not
-    change between two rounds."""
-
-    since: float
-    quiet: bool
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The engine's answer for one round.
-
-    Attributes:
-        phase: Pending, Running, Recovering, Succeeded or Failed.
-        reason: CamelCase reason (conditions, events).
-        message: human-readable summary.
-        generation, layout: of the job after this decision.
-        failures: failures seen this round (empty when none).
-        plan: a new recovery plan to record and apply (``None``: none; a ``GiveUp`` plan with Failed).
-        resumed: training resumed after a recovery (close its record).
-        settling: failures are seen but planning waits for the job to settle.
-    """
-
-    phase: str
-    reason: str
-    message: str
-    generation: int
-    layout: LayoutSpec
-    failures: tuple[Failure, ...] = ()
-    plan: RecoveryPlan | None = None
-    resumed: bool = False
-    settling: bool = False
 
 
 def _silent_sidecars(spec: TrainingJobSpec, sidecars: Iterable[SidecarState], registered: Mapping[int, str],
@@ -293,9 +179,22 @@ def _state_step(record: Record, facts: CatalogFacts) -> int:
     return facts.progress.state_step(record.generation, restored)
 
 
-def _unloaded(record: Record, facts: CatalogFacts) -> frozenset[int]:
+def _known_step(record: Record, facts: CatalogFacts) -> int:
+    """The step the ranks' states are at: from their progress, or, while the catalog holds none at
+    all (a Redis that came back empty), the step the runner last saw (:attr:`Record.state_step`).
+    Copies newer than it are never restored, so reading 0 there would throw away every copy the
+    repaired catalog lists and roll back to the initial state (fuzz seed 2, pipelining-moe)."""
+    if not facts.progress.latest:
+        return max(record.state_step, record.resumed_from)
+    return max(_state_step(record, facts), record.resumed_from)
+
+
+def _unloaded(record: Record, facts: CatalogFacts, world: int) -> frozenset[int]:
     """Ranks the recovery under way restores that have not reported loading its state (none when no
-    recovery is under way)."""
+    recovery is under way); every rank while the catalog holds no progress at all: no rank's state is
+    known, so no plan keeps one (a localized replay would keep survivors at a step nobody reported)."""
+    if not facts.progress.latest and record.state_step > 0:
+        return frozenset(range(world))
     plan = record.plan
     if record.phase != "Recovering" or plan is None or plan.generation != record.generation:
         return frozenset()
@@ -308,7 +207,7 @@ def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: 
         layout=layout,
         node_of_rank=tuple(n or "" for n in observed.node_of_rank),
         cluster=ClusterState(nodes=observed.cluster.nodes, cool_downs=tuple(sorted(cooling.items()))),
-        step=max(_state_step(record, facts), record.resumed_from),
+        step=_known_step(record, facts),
         generation=record.generation,
         restarts=record.restarts,
         holdings=facts.holdings,
@@ -316,7 +215,7 @@ def _job_state(record: Record, observed: Observed, facts: CatalogFacts, layout: 
         upstream_logs=facts.upstream_logs,
         stored_windows=facts.stored_windows,
         interrupted=record.plan.action if record.phase == "Recovering" and record.plan is not None else None,
-        unloaded=_unloaded(record, facts),
+        unloaded=_unloaded(record, facts, layout.world_size),
         resharded_from=record.plan.restore_step if record.plan is not None
         and record.plan.action is RecoveryAction.RESHARD else None,
     )
@@ -340,6 +239,13 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
     Raises:
         ConfigError: ``observed.node_of_rank`` does not match the current layout's world size.
     """
+    decision = _decide(spec, record, observed, now=now, settle=settle)
+    facts = observed.catalog
+    return replace(decision, state_step=record.state_step if facts is None else _known_step(record, facts))
+
+
+def _decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: float,
+            settle: Settle | None) -> Decision:
     layout = record.layout(spec)
     world = layout.world_size
     g = record.generation
@@ -365,6 +271,7 @@ def decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: fl
             return Decision(record.phase, record.reason or record.phase, record.message, failures=failures,
                             settling=True, **base)
         plan = plan_recovery(_job_state(record, observed, facts, layout, now), failures, spec, now=now)
+        plan = annotate(plan, preempted(progress, g))  # a preemption says so in the plan's reason
         if plan.action is RecoveryAction.GIVE_UP:
             return Decision("Failed", "GiveUp", plan.reason, failures=failures, plan=plan, **base)
         return Decision("Recovering", plan.action.value, plan.reason, plan.generation, plan.layout,

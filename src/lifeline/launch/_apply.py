@@ -75,7 +75,8 @@ class _Applying:
         cool = {n: t for n, t in self.record.cool_downs.items() if t > now} | dict(plan.cool_downs)
         self.record = Record(phase="Recovering", reason=plan.action.value, message=plan.reason,
                              generation=plan.generation, restarts=plan.restarts, plan=plan, cool_downs=cool,
-                             acted_at=now, resumed_from=self.record.resumed_from)
+                             acted_at=now, resumed_from=self.record.resumed_from,
+                             state_step=self.record.state_step)
         self.snapshot.phase = "Recovering"
         self.snapshot.recoveries.append(RecoveryRecord(
             generation=plan.generation, action=plan.action.value, failures=[f.describe() for f in plan.failures],

@@ -26,7 +26,9 @@ engine plans from the two newest multiples of ``persist.every``)."""
 def repair_catalog(sup: Any) -> list[str]:
     """Write back what only the launcher knows into a catalog that lost its data (a restarted Redis):
     the job's ACL user (ranks connect as it), the current recovery plan (and with it the generation),
-    and the holdings of the newest L2 checkpoints. Sidecars re-register their own holdings (L0, L1)
+    the latest complete step it saw (it never moves backwards, and the sidecars that saw it may be
+    gone with their nodes: fuzz seed 2 of ``--model pipelining-moe``) and the holdings of the newest
+    L2 checkpoints. Sidecars re-register their own holdings (L0, L1)
     and re-advance the latest complete step themselves; each live sidecar gets the startup grace to do
     so (``registered_at`` cleared, the clock restarted), since none could beat while Redis was down.
 
@@ -47,6 +49,10 @@ def repair_catalog(sup: Any) -> list[str]:
     if sup.record.plan is not None:
         cat.put_plan(sup.record.plan)
         done.append(f"plan of generation {sup.record.plan.generation}")
+    highest = sup.tally.complete_highest  # never backwards, even when the sidecars that saw it are gone
+    if highest is not None and highest >= 0:
+        cat.restore_complete_step(highest)
+        done.append(f"latest complete step {highest}")
     found = services.storage()
     if found is not None:
         steps = list_steps(found[0], found[1], sup.name)[-L2_STEPS_SEEDED:]

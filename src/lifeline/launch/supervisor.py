@@ -267,6 +267,8 @@ class Supervisor(_Applying):
         if d.plan is None and d.phase != self.record.phase:
             self.record = replace(self.record, phase=d.phase, reason=d.reason, message=d.message)
             self.snapshot.phase = d.phase
+        if d.state_step != self.record.state_step:  # the engine's fallback if Redis comes back empty
+            self.record = replace(self.record, state_step=d.state_step)
         return d
 
     def _read_catalog(self, now: float) -> CatalogView | None:

@@ -71,13 +71,15 @@ class Reconcile:
 
 
 def record_of(recorded: Recorded, status: TrainingJobStatus) -> Record:
-    """The engine's :class:`~lifeline.control.Record` from the job's annotations and status."""
+    """The engine's :class:`~lifeline.control.Record` from the job's annotations and status
+    (``status.step``, the latest step reached, is the state step the engine falls back on while the
+    catalog holds no progress)."""
     current = next((c for c in status.conditions if c.type == "Recovering"), None)
     acted = next((r.started_at.timestamp() for r in reversed(status.recoveries)
                   if r.generation == recorded.generation), None)
     return Record(phase=status.phase, reason=current.reason if current is not None else "", message=status.message,
                   generation=recorded.generation, restarts=status.restarts, plan=recorded.plan,
-                  cool_downs=recorded.cool_downs, acted_at=acted)
+                  cool_downs=recorded.cool_downs, acted_at=acted, state_step=status.step)
 
 
 def _ready(pods: Mapping[int, Mapping[str, Any]]) -> frozenset[int]:

@@ -349,8 +349,12 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
                 events.record(body, {"Running": "Recovered" if d.resumed else "Running", "Succeeded": "Succeeded",
                                      "Failed": "Failed"}[d.phase], d.message)
         view = obs.catalog
-        progress_step = max((r.step or 0 for r in view.reports.values()), default=0) if view is not None else 0
-        complete_step = view.complete_step if view is not None else None
+        # a catalog without progress or a complete step (its Redis came back empty) keeps the last ones
+        # seen: status.step is the engine's fallback state step (operator.decide.record_of)
+        progress_step = max((r.step or 0 for r in view.reports.values()), default=status.step) \
+            if view is not None else status.step
+        complete_step = view.complete_step if view is not None and view.complete_step is not None \
+            else status.complete_step
         if complete_step is not None:
             metrics.CHECKPOINT_LAG.labels(job.namespace, job.name).set(max(0, progress_step - complete_step))
         old = status.to_wire()
