@@ -1,7 +1,8 @@
 """Every seed the differential fuzzer (``lifeline bench fuzz``) ever failed on, kept as a named regression case.
 
 Each entry replays exactly the trial that failed: ``lifeline bench fuzz --seed SEED --trials 1
---max-world MAX_WORLD`` (tests/fuzz/test_fuzz.py runs each as its own test id). Add a seed when a
+--max-world MAX_WORLD`` (with ``--model MODEL`` when it is not the reference model; tests/fuzz/test_fuzz.py
+runs each as its own test id). Add a seed when a
 trial fails (in CI or by hand), with what it found; never remove one — a fixed bug stays fixed.
 """
 
@@ -21,6 +22,8 @@ class Regression(NamedTuple):
     """The trial waits out ``startupGraceSeconds`` by design (a hang during a recovery: ~150 s each):
     run with every other seed when ``LIFELINE_FUZZ_TRIALS`` is set, left out of the default CI run,
     whose budget (issue 23) has room for the others only; its fix is pinned by the unit test named."""
+    model: str = "gpt-moe"
+    """Whose draws (``lifeline bench fuzz --model``): ``gpt-moe`` or ``pipelining-moe``."""
 
 
 REGRESSIONS: list[Regression] = [
@@ -88,4 +91,23 @@ REGRESSIONS: list[Regression] = [
                "fault; found 2026-11-27 by a commit trial of 0c3df83", fixed="a flip's detection is the first report "
                "after it fired (_fuzz_check._detected_at; tests/fuzz/test_fuzz_units.py::"
                "test_the_same_copy_flipped_twice_calls_for_one_more_plan_each_time)"),
+    Regression(11, 3, "pipelining-moe, 3 stages, 1F1B, 6 micro-batches: after two L2 flips a Rollback to the initial "
+               "state failed verification in a process started later ('differs from the copy saved at step 1'): "
+               "the example never seeded Python's random, whose state is part of every checkpoint; a third plan "
+               "without a new fault (found 2026-11-28, campaign `--model pipelining-moe`)",
+               fixed="the example seeds random from the job's seed (tests/fuzz/test_fuzz_pipelining_units.py::"
+               "test_fuzz_seed_11_a_new_process_starts_from_the_same_initial_state)", model="pipelining-moe"),
+    Regression(23, 3, "pipelining-moe, 3 stages, localized replay: a hang of a trainer restarted by the recovery of "
+               "a hang, frozen before it spoke: its old incarnation's plan report hid the new one's silence and "
+               "the survivors beat at the rendezvous for 180 s (time lost 190.5 s > bound 155 s; found 2026-11-28)",
+               fixed="a rank whose running trainer started after its last word is starting (engine._unspoken; "
+               "tests/control/test_control_recovery_beat.py::test_a_trainer_restarted_after_its_old_incarnation_"
+               "spoke_since_the_plan_is_starting_not_unseen)", long=True, model="pipelining-moe"),
+    Regression(2, 3, "pipelining-moe, 2 stages: an L2 flip took both nodes down and Redis restarted empty in the "
+               "same round; with the trainers' progress gone the engine capped every copy at step 0 and rolled "
+               "back to the initial state although L2 held step 2, and the complete step read 1 after 4 "
+               "(found 2026-11-28, campaign `--model pipelining-moe`)",
+               fixed="the engine falls back on the state step the runner last saw (Record.state_step) and the "
+               "launcher writes back the latest complete step (Catalog.restore_complete_step; "
+               "tests/control/test_lost_progress.py)", model="pipelining-moe"),
 ]

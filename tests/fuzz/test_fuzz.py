@@ -2,7 +2,8 @@
 
 Every commit runs :data:`CI_TRIALS` trials of ``lifeline bench fuzz`` whose seeds come from the commit
 (``git rev-parse HEAD``; ``LIFELINE_FUZZ_SEED`` overrides it), so each commit meets new configurations
-and fault schedules, plus three of the seeds that ever failed (tests/fuzz/regressions.py, :data:`REGRESSION_CASES`),
+and fault schedules, one trial of the pipelining model (``--model pipelining-moe``), plus three of the
+seeds that ever failed (tests/fuzz/regressions.py, :data:`REGRESSION_CASES`),
 each its own test id. A trial checks what ``bench fuzz`` checks (:func:`lifeline.bench.fuzz.check`): the job finished
 bit-identical to the failure-free run of its shape, the same loss at every step, the cheapest rung,
 no second recovery without a second fault, the time lost per fault within its kind's bound. A failed
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from lifeline.bench._fuzz_draw import SHAPE_BLOCK
-from lifeline.bench.fuzz import References, commit_seed, run_one
+from lifeline.bench.fuzz import MODELS, References, commit_seed, run_one
 
 from .regressions import REGRESSIONS
 
@@ -39,6 +40,9 @@ names, so a seed left out of one commit is still guarded, and the draw moves wit
 CI_MAX_WORLD = 4
 """CI draws layouts of at most 4 ranks (``bench fuzz`` defaults to 8) to fit its budget; the replay
 command says ``--max-world 4``."""
+
+CI_PIPELINING_MAX_WORLD = 3
+"""The pipelining model's trial draws 2 or 3 stages (``--model pipelining-moe --max-world 3``)."""
 
 CI_RUN_TIMEOUT = 420.0
 """A reference or trial run still going after this long fails (a wedged recovery must not eat the budget)."""
@@ -88,10 +92,20 @@ def test_trial_of_this_commit(seed, refs, tmp_path):
 
 
 @pytest.mark.slow
+def test_pipelining_trial_of_this_commit(refs, tmp_path):
+    """One trial of ``--model pipelining-moe`` (issue 25: the fuzzer covers a user's
+    ``torch.distributed.pipelining`` model too), seeded from the commit like the others."""
+    _assert_passed(run_one(_BASE, root=tmp_path, refs=refs, max_world=CI_PIPELINING_MAX_WORLD,
+                           timeout=CI_RUN_TIMEOUT, model=MODELS[1]))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", REGRESSION_CASES,
-                         ids=[f"regression-seed-{c.seed}-w{c.max_world}" for c in REGRESSION_CASES])
+                         ids=[f"regression-seed-{c.seed}-w{c.max_world}"
+                              + ("" if c.model == MODELS[0] else f"-{c.model}") for c in REGRESSION_CASES])
 def test_regression_seed(case, refs, tmp_path):
-    _assert_passed(run_one(case.seed, root=tmp_path, refs=refs, max_world=case.max_world, timeout=CI_RUN_TIMEOUT))
+    _assert_passed(run_one(case.seed, root=tmp_path, refs=refs, max_world=case.max_world, timeout=CI_RUN_TIMEOUT,
+                           model=case.model))
 
 
 def test_every_regression_seed_is_fixed_and_names_the_test_of_its_fix():
