@@ -179,6 +179,7 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], list[str], dict[str, s
     # --- bench
     ("bench-checkpoint-repeats", ["bench", "checkpoint", "--repeats", "0"], {}, ["--repeats"], {}),
     ("bench-checkpoint-size", ["bench", "checkpoint", "--size-mib", "0"], {}, ["--size-mib"], {}),
+    ("bench-checkpoint-model", ["bench", "checkpoint", "--model", "gpt"], {}, ["--model", "fsdp2"], {}),
     ("bench-sidecar-sizes", ["bench", "sidecar", "--sizes", "huge"], {}, ["--sizes"], {}),
     ("bench-sidecar-repeats", ["bench", "sidecar", "--repeats", "0"], {}, ["--repeats"], {}),
     ("bench-recovery-fail-step", ["bench", "recovery", "--steps", "10", "--fail-step", "12"], {}, ["--fail-step"], {}),

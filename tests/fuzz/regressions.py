@@ -91,6 +91,13 @@ REGRESSIONS: list[Regression] = [
                "fault; found 2026-11-27 by a commit trial of 0c3df83", fixed="a flip's detection is the first report "
                "after it fired (_fuzz_check._detected_at; tests/fuzz/test_fuzz_units.py::"
                "test_the_same_copy_flipped_twice_calls_for_one_more_plan_each_time)"),
+    Regression(3027, 4, "a Redis restart and an L0 flip at the same step (seed 3027 of the 2026-11-28 campaign "
+               "`--seed 3000 --trials 100 --max-world 4`): the flip fired in the supervisor round that had just "
+               "killed Redis, read the catalog while Redis was down ('corrupted no copy: CatalogError ... "
+               "Connection refused'); its wait then held up the round whose watch restarts Redis",
+               fixed="a flip waits for the catalog and the rank's registration, running the round's service "
+               "watch itself (Faults._await_catalog; tests/launch/test_chaos_units.py::"
+               "test_a_flip_after_a_redis_restart_waits_for_the_catalog_and_restarts_redis_itself)"),
     Regression(11, 3, "pipelining-moe, 3 stages, 1F1B, 6 micro-batches: after two L2 flips a Rollback to the initial "
                "state failed verification in a process started later ('differs from the copy saved at step 1'): "
                "the example never seeded Python's random, whose state is part of every checkpoint; a third plan "

@@ -11,7 +11,7 @@ from lifeline._poll import wait_for
 from lifeline.bench._chaos_audit import corruption_outcomes
 from lifeline.bench._chaos_schedule import FAULTS, fault_name, schedule
 from lifeline.bench._chaos_trial import time_lost, verdict
-from lifeline.errors import ConfigError
+from lifeline.errors import CatalogError, ConfigError
 from lifeline.launch.inject import Injection, due, hold_steps, parse_injection
 from lifeline.launch.preflight import check_run
 from lifeline.launch import _holds
@@ -191,3 +191,38 @@ def test_time_lost_counts_from_the_fault_through_chained_recoveries():
     assert rows["node"]["seconds"] == 20.0 and rows["node"]["recoveries"] == ["ReplacePods", "RestartInPlace"]
     assert rows["trainer+recovery"]["seconds"] == 16.0
     assert rows["redis"]["seconds"] == pytest.approx(2.4) and rows["redis"]["recoveries"] == []
+
+
+class _DownCatalog:
+    """A catalog whose Redis is down until the round's service watch restarts it (unit double; the real
+    path is fuzz regression seed 3027)."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def is_registered(self, rank: int) -> bool:
+        if self.down:
+            raise CatalogError("Redis catalog unavailable: connection refused")
+        return True
+
+
+class _Sup:
+    def __init__(self, restarts: bool) -> None:
+        self.catalog, self.ticks, self.restarts = _DownCatalog(), 0, restarts
+        self.watch = self
+
+    def tick(self) -> None:  # the service watch: restarts Redis when it can
+        self.ticks += 1
+        if self.restarts:
+            self.catalog.down = False
+
+
+def test_a_flip_after_a_redis_restart_waits_for_the_catalog_and_restarts_redis_itself():
+    """Fuzz seed 3027: ``redis:step=6`` and ``flip:...:step=6`` fire in one supervisor round; the flip read
+    the catalog while Redis was down, and the round's watch that restarts Redis never ran meanwhile."""
+    from lifeline.launch.faults import Faults
+
+    sup = _Sup(restarts=True)
+    assert Faults(sup)._await_catalog(2, limit=5.0) and sup.ticks == 1
+    never = _Sup(restarts=False)
+    assert not Faults(never)._await_catalog(2, limit=0.2) and never.ticks >= 2

@@ -227,15 +227,15 @@ def test_a_survivor_stuck_in_the_old_generation_is_restarted_in_place_and_the_ru
     so the supervisor kills them and starts them again in their nodes' spares, within the same plan
     (no second generation)."""
     ref, _ = reference
-    job = write_job(tmp_path / "job.yaml", job_doc("straggler"))
+    job = write_job(tmp_path / "job.yaml", job_doc("stuck"))
     summary = lifeline_run(job, tmp_path / "state", "--persist-uri", str(tmp_path / "l2"), "--warm-start",
                            "--inject-failure", "hang:rank=2:step=4", "--inject-failure", "trainer:rank=1:step=4")
     assert summary["phase"] == "Succeeded"
     (rec,) = summary["recoveries"]
     assert rec["action"] == "RestartInPlace" and rec["ranks"] == [1], rec
     # the frozen rank, and any survivor blocked in a collective with it (its sockets stay open)
-    assert 2 in rec["stragglers"] and set(rec["stragglers"]) <= {0, 2, 3}, rec
-    for rank in rec["stragglers"]:
+    assert 2 in rec["stuck"] and set(rec["stuck"]) <= {0, 2, 3}, rec
+    for rank in rec["stuck"]:
         restores = [e for e in trainer_events(tmp_path / "state") if e.get("event") == "restore" and e["rank"] == rank]
         assert [e["generation"] for e in restores] == [1], f"stuck rank {rank} did not rejoin the plan's generation"
     assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"

@@ -118,6 +118,8 @@ def test_namespaced_rights_by_default(helm):
         assert secrets["verbs"] == ["get", "create"]
         netpol = next(r for r in role["rules"] if r["resources"] == ["networkpolicies"])
         assert (netpol["apiGroups"], netpol["verbs"]) == (["networking.k8s.io"], ["get", "create"])
+        pdb = next(r for r in role["rules"] if r["resources"] == ["poddisruptionbudgets"])
+        assert (pdb["apiGroups"], pdb["verbs"]) == (["policy"], ["get", "create", "patch"])
         (sa,) = _find(docs, "ServiceAccount", "ll-lifeline-workload", ns)
         assert sa["automountServiceAccountToken"] is False
     assert not _find(docs, "Role", "ll-lifeline-operator", "lifeline-system")

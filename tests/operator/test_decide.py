@@ -302,3 +302,27 @@ def test_pod_evicted_from_a_lost_node(job):
     rec = Recorded.from_annotations(Recorded().commit_patch(d.plan, d.handled)["metadata"]["annotations"])
     again = decide(job.spec, rec, obs(1), {"phase": "Recovering", "restarts": 1}, now=NOW + 2)
     assert (again.plan, again.failures, again.create, again.delete) == (None, (), (2,), (2,))
+
+
+def test_a_drained_pod_whose_trainer_still_saves_its_step_is_no_failure_until_it_left(job):
+    """``kubectl drain`` evicts rank 1's pod (grace 60 s): while its trainer runs within the grace it
+    checkpoints its step to L1 (docs/preemption.md), so no plan yet; once the trainer exited, or the
+    grace ran out, or the pod is gone, the rank is lost as before."""
+    from lifeline.operator.observe import leaving
+
+    pods = {r: _running_pod(job, r, n) for r, n in _placement().items()}
+    drained = pods.pop(1)
+    drained["metadata"]["deletionTimestamp"] = "2027-01-15T08:00:55Z"  # NOW + 55 s: SIGKILL then
+
+    def obs(pod):
+        o = _obs(job, pods, progress=_progress("step", 12), holdings=_holdings(11))
+        return Observation(**{**o.__dict__, "terminating": {1: pod} if pod else {}})
+
+    assert leaving({1: drained}, NOW) == {1} and leaving({1: drained}, NOW + 56) == frozenset()
+    d = decide(job.spec, Recorded(applied=0), obs(drained), {"phase": "Running"}, now=NOW)
+    assert (d.plan, d.failures, d.create, d.delete) == (None, (), (), ())
+    exited = json.loads(json.dumps(drained))
+    exited["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 143, "reason": "Error"}}
+    for later, now in ((exited, NOW + 5), (drained, NOW + 56), (None, NOW + 5)):
+        d = decide(job.spec, Recorded(applied=0), obs(later), {"phase": "Running"}, now=now)
+        assert d.plan is not None and [f.ranks for f in d.failures] == [(1,)], (later is None, now - NOW)

@@ -21,11 +21,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from lifeline.api.load import load_trainingjob
+from lifeline.api.disruption import disruption_budget_name
 from lifeline.api.manifests import PodConfig, rank_pod, secret_name
 from lifeline.api.netpol import network_policy_name
 from lifeline.catalog import Catalog
 from lifeline.devcluster.services import RedisServer
-from lifeline.operator.access import ensure_network_policy, ensure_redis_user, ensure_secret
+from lifeline.operator.access import ensure_disruption_budget, ensure_network_policy, ensure_redis_user, ensure_secret
 from lifeline.operator.reconcile import Env
 from lifeline.operator.settings import OperatorSettings
 
@@ -94,6 +95,9 @@ def test_operator_can_do_its_work_and_is_denied_pods_cluster_wide(devcluster, na
         ("get", "secrets", namespace, "", ""), ("create", "secrets", namespace, "", ""),
         ("get", "networkpolicies", namespace, "networking.k8s.io", ""),
         ("create", "networkpolicies", namespace, "networking.k8s.io", ""),
+        ("get", "poddisruptionbudgets", namespace, "policy", ""),
+        ("create", "poddisruptionbudgets", namespace, "policy", ""),
+        ("patch", "poddisruptionbudgets", namespace, "policy", ""),
         ("patch", "trainingjobs", namespace, "lifeline.dev", ""),
         ("patch", "trainingjobs", namespace, "lifeline.dev", "status"),
         ("create", "events", namespace, "", ""), ("list", "nodes", "", "", ""), ("watch", "nodes", "", "", ""),
@@ -104,6 +108,8 @@ def test_operator_can_do_its_work_and_is_denied_pods_cluster_wide(devcluster, na
         ("get", "secrets", other_namespace, "", ""), ("list", "secrets", namespace, "", ""),
         ("delete", "secrets", namespace, "", ""), ("update", "secrets", namespace, "", ""),
         ("delete", "networkpolicies", namespace, "networking.k8s.io", ""),
+        ("delete", "poddisruptionbudgets", namespace, "policy", ""),
+        ("create", "poddisruptionbudgets", other_namespace, "policy", ""),
         ("create", "pods", other_namespace, "", ""), ("update", "nodes", "", "", ""),
         ("create", "clusterroles", "", "rbac.authorization.k8s.io", ""),
     ]
@@ -176,7 +182,8 @@ def trainingjob(devcluster, namespace):
 def test_operator_gives_a_job_its_secret_acl_user_and_network_policy(devcluster, namespace, release, trainingjob,
                                                                      tmp_path):
     """As the operator's ServiceAccount: the job's Secret carries its own Redis ACL user, which reaches
-    the job's keys only; the job's NetworkPolicy admits only the job's pods."""
+    the job's keys only; the job's NetworkPolicy admits only the job's pods; its PodDisruptionBudget lets one
+    of them be evicted at a time."""
     name, _ = release
     admin_password = "p" * 40
     with RedisServer(state_dir=tmp_path / "redis", password=admin_password) as redis_server:
@@ -193,6 +200,8 @@ def test_operator_gives_a_job_its_secret_acl_user_and_network_policy(devcluster,
         Catalog(redis_server.url, "other-job", 1, username="", password=admin_password).add_holding(2, 0, "L0", 0)
         ensure_network_policy(env, trainingjob)
         ensure_network_policy(env, trainingjob)  # idempotent
+        ensure_disruption_budget(env, trainingjob, 4)
+        ensure_disruption_budget(env, trainingjob, 4)  # idempotent
         own = Catalog(redis_server.url, "gpt-moe", 1, username=data["redis-username"], password=data["redis-password"])
         assert own.holder_names(2, 0) == {"L0@0"}
         stranger = Catalog(redis_server.url, "other-job", 1, username=data["redis-username"],
@@ -209,3 +218,44 @@ def test_operator_gives_a_job_its_secret_acl_user_and_network_policy(devcluster,
     assert pol.spec.policy_types == ["Ingress"]
     assert [p.pod_selector.match_labels for r in pol.spec.ingress for p in r._from] == [{"lifeline.dev/job": "gpt-moe"}]
     assert pol.metadata.owner_references[0].uid == trainingjob.metadata["uid"]
+    pdb = client.PolicyV1Api(devcluster.api_client()).read_namespaced_pod_disruption_budget(
+        disruption_budget_name("gpt-moe"), namespace)
+    assert (pdb.spec.min_available, pdb.spec.selector.match_labels) == (3, {"lifeline.dev/job": "gpt-moe"})
+    assert pdb.spec.unhealthy_pod_eviction_policy == "AlwaysAllow"
+    assert pdb.metadata.owner_references[0].uid == trainingjob.metadata["uid"]
+
+
+def test_the_jobs_disruption_budget_lets_evictions_take_one_pod_at_a_time(devcluster, namespace, trainingjob):
+    """The real apiserver's Eviction API under the job's PodDisruptionBudget (the disruption controller of
+    the dev cluster's kube-controller-manager counts the healthy pods): as ``kubectl drain`` does, the
+    first eviction of a job's pod passes, the second is refused (429) while the first pod is not back."""
+    import time
+    from types import SimpleNamespace
+
+    api = devcluster.api_client()
+    core = client.CoreV1Api(api)
+    ensure_disruption_budget(SimpleNamespace(core=core), trainingjob, 3)  # a 3-rank job shrunk to 2 pods...
+    ensure_disruption_budget(SimpleNamespace(core=core), trainingjob, 2)  # ...and the budget follows
+    for name in ("gpt-moe-0", "gpt-moe-1"):
+        core.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"lifeline.dev/job": "gpt-moe"}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [
+                {"name": "trainer", "image": "python:3.11", "command": ["python", "-c", "import time; time.sleep(600)"]}]}})
+    policy = client.PolicyV1Api(api)
+    deadline = time.monotonic() + 90
+    while True:
+        st = policy.read_namespaced_pod_disruption_budget(disruption_budget_name("gpt-moe"), namespace).status
+        if st is not None and st.current_healthy == 2 and st.disruptions_allowed == 1:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.5)
+
+    def evict(name: str) -> None:
+        core.create_namespaced_pod_eviction(name, namespace, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace)))
+
+    evict("gpt-moe-0")
+    with pytest.raises(ApiException) as err:
+        evict("gpt-moe-1")
+    assert err.value.status == 429 and "disruption budget" in err.value.body

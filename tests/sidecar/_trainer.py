@@ -4,6 +4,9 @@
                                            (with --hold) block until killed
     _trainer.py restore                    restore the latest complete step, print JSON with the step,
                                            tier and whether every entry is bit-identical
+    _trainer.py preempt FIRST LAST STEP    save FIRST..LAST, then on SIGTERM (as a preempted runtime does)
+                                           save STEP, wait (at most 20 s) until a peer holds its L1 copy,
+                                           print JSON {"step", "l1", "seconds"} and exit 143
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 
 import torch
 
@@ -57,7 +61,29 @@ def main(argv: list[str]) -> int:
         same = identical(into, state_at(res.step, settings.rank))
         print(json.dumps({"step": res.step, "tier": res.tier, "identical": same}), flush=True)
         return 0
+    if argv[0] == "preempt":
+        return _preempt(settings, client, int(argv[1]), int(argv[2]), int(argv[3]))
     raise SystemExit(f"unknown mode {argv[0]}")
+
+
+def _preempt(settings: TrainerSettings, client: SidecarClient, first: int, last: int, step: int) -> int:
+    from lifeline.catalog import Catalog
+
+    got: list[float] = []
+    signal.signal(signal.SIGTERM, lambda *_: got.append(time.monotonic()))
+    for s in range(first, last + 1):
+        client.save(s, state_at(s, settings.rank))
+    print(json.dumps({"holding": True}), flush=True)
+    while not got:
+        signal.pause()
+    client.save(step, state_at(step, settings.rank))
+    catalog = Catalog(settings.redis_url, settings.job, settings.world_size)
+    l1 = False
+    while not l1 and time.monotonic() < got[0] + 20:
+        l1 = any(h.tier == "L1" and h.holder != settings.rank for h in catalog.holders(step, settings.rank))
+        time.sleep(0.02)
+    print(json.dumps({"step": step, "l1": l1, "seconds": round(time.monotonic() - got[0], 3)}), flush=True)
+    return 143
 
 
 if __name__ == "__main__":

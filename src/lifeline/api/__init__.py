@@ -19,6 +19,8 @@ from lifeline.api.recovery import (
     RestoreSource,
     Tier,
 )
+from lifeline.api._numerics import LossSpikeSpec
+from lifeline.api._stragglers import StragglerSpec
 from lifeline.api.trainingjob import (
     API_VERSION,
     CONDITION_TYPES,
@@ -60,6 +62,8 @@ __all__ = [
     "FailureKind",
     "Holding",
     "LayoutSpec",
+    "LossSpikeSpec",
+    "StragglerSpec",
     "ModelSpec",
     "PersistSpec",
     "PodPlacement",

@@ -34,26 +34,10 @@ from lifeline.api.pod import PodSettings, SidecarSettings, TrainerSettings
 from lifeline.api.trainingjob import API_VERSION, KIND, TRAINER_CONTAINER, LayoutSpec, TrainingJob
 
 __all__ = [
-    "LABEL_JOB",
-    "LABEL_RANK",
-    "LABEL_GENERATION",
-    "LABEL_MANAGED_BY",
-    "MANAGED_BY",
-    "SIDECAR_CONTAINER",
-    "ARENA_VOLUME",
-    "ARENA_MOUNT",
-    "SECRET_HMAC_KEY",
-    "SECRET_S3_ACCESS_KEY",
-    "SECRET_S3_SECRET_KEY",
-    "SECRET_REDIS_USERNAME",
-    "SECRET_REDIS_PASSWORD",
-    "PodConfig",
-    "pod_name",
-    "secret_name",
-    "job_selector",
-    "owner_reference",
-    "job_secret",
-    "rank_pod",
+    "LABEL_JOB", "LABEL_RANK", "LABEL_GENERATION", "LABEL_MANAGED_BY", "MANAGED_BY", "SIDECAR_CONTAINER",
+    "ARENA_VOLUME", "ARENA_MOUNT", "SECRET_HMAC_KEY", "SECRET_S3_ACCESS_KEY", "SECRET_S3_SECRET_KEY",
+    "SECRET_REDIS_USERNAME", "SECRET_REDIS_PASSWORD", "TERMINATION_GRACE_SECONDS", "PodConfig", "pod_name",
+    "secret_name", "job_selector", "owner_reference", "job_secret", "rank_pod",
 ]
 
 LABEL_JOB = "lifeline.dev/job"
@@ -70,6 +54,9 @@ SECRET_S3_SECRET_KEY = "s3-secret-key"
 SECRET_REDIS_USERNAME = "redis-username"
 SECRET_REDIS_PASSWORD = "redis-password"
 _HOSTNAME = "kubernetes.io/hostname"
+TERMINATION_GRACE_SECONDS = 60
+"""A pod's ``terminationGracePeriodSeconds`` unless the template sets one (Kubernetes' default is 30): a
+preempted or drained trainer finishes its step, saves it and waits for its L1 copy within it (docs/preemption.md)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +72,8 @@ class PodConfig:
         peer_port: the sidecar's peer (replication/restore) TCP port.
         metrics_port: the sidecar's ``/metrics`` + ``/healthz`` HTTP port (the readiness probe).
         sidecar_resources: ``{"requests": ..., "limits": ...}`` of the sidecar container.
+        preemption: set ``LIFELINE_PREEMPT_GRACE_SECONDS`` (both containers) to the pod's grace; ``lifeline
+            run`` sets it only with a ``preempt`` injection (:mod:`lifeline.launch._preempt`).
     """
 
     redis_url: str
@@ -95,6 +84,7 @@ class PodConfig:
     peer_port: int = 7070
     metrics_port: int = 9400
     sidecar_resources: Mapping[str, Any] = field(default_factory=dict)
+    preemption: bool = True
 
 
 def pod_name(job: str, rank: int) -> str:
@@ -242,9 +232,11 @@ def _trainer_env(job: TrainingJob, layout: LayoutSpec, config: PodConfig) -> lis
         _env("LIFELINE_UPSTREAM_LOG_STEPS", TrainerSettings, str(upstream_log_steps(spec))),
         _env("LIFELINE_SPARSE_WINDOW", TrainerSettings, str(sparse_window(spec))),
         _env("LIFELINE_MODEL", TrainerSettings, json.dumps(model, sort_keys=True)),
+        _env("LIFELINE_NUMERICS", TrainerSettings, json.dumps(spec.recovery.loss_spike.to_wire(), sort_keys=True)),
         _env("LIFELINE_BACKPRESSURE", TrainerSettings, spec.checkpoint.backpressure),
         _env("LIFELINE_PERSIST_URI", TrainerSettings, persist.uri if persist else ""),
         _env("LIFELINE_PERSIST_EVERY", TrainerSettings, str(persist.every if persist else 0)),
+        _env("LIFELINE_PEER_REPLICAS", TrainerSettings, str(spec.checkpoint.peer_replicas)),
     ] + _s3_env(job, config, TrainerSettings)
 
 
@@ -305,7 +297,8 @@ def rank_pod(
         non-root, read-only root filesystem, no capabilities, RuntimeDefault seccomp; writable
         paths are the arena emptyDir at ``/dev/shm`` and an emptyDir at ``/tmp``). ``restartPolicy`` is ``OnFailure``: a crashed trainer restarts in place while
         its sidecar keeps the L0 copy (the cheapest recovery rung); a template's own
-        ``restartPolicy`` is overridden for that reason.
+        ``restartPolicy`` is overridden for that reason. ``terminationGracePeriodSeconds``: the
+        template's, else :data:`TERMINATION_GRACE_SECONDS`; both containers get it as ``LIFELINE_PREEMPT_GRACE_SECONDS``.
 
     Raises:
         ValueError: ``rank`` is outside ``[0, world size)``.
@@ -325,7 +318,11 @@ def rank_pod(
         LABEL_GENERATION: str(generation),
         LABEL_MANAGED_BY: MANAGED_BY,
     }
-    common = _common_env(job, rank, world_size, config)
+    if spec.get("terminationGracePeriodSeconds") is None:
+        spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
+    grace = int(spec["terminationGracePeriodSeconds"])  # not a number: ValueError/TypeError (an invalid spec)
+    common = _common_env(job, rank, world_size, config) + (
+        [_env("LIFELINE_PREEMPT_GRACE_SECONDS", PodSettings, str(grace))] if config.preemption else [])
     mount = {"name": ARENA_VOLUME, "mountPath": ARENA_MOUNT}
     tmp = {"name": TMP_VOLUME, "mountPath": TMP_MOUNT}
 

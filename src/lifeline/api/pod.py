@@ -72,6 +72,10 @@ class PodSettings(BaseSettings):
     * ``LIFELINE_REDIS_USERNAME`` / ``LIFELINE_REDIS_PASSWORD`` — Redis AUTH of the catalog: the
       job's ACL user (allowed only the job's keys) or empty and the shared password; from the job's
       Secret. Both empty: no AUTH.
+    * ``LIFELINE_PREEMPT_GRACE_SECONDS`` — seconds between the SIGTERM of a deleted pod and its SIGKILL
+      (the operator sets the pod's ``terminationGracePeriodSeconds``). > 0: the trainer checkpoints the
+      step it completes to L1 before it leaves (:mod:`lifeline.runtime._preempt`) and the sidecar keeps
+      serving meanwhile (:mod:`lifeline.sidecar._drain`). Default 0: SIGTERM stops either at once.
     """
 
     model_config = SettingsConfigDict(env_prefix="LIFELINE_", extra="ignore", populate_by_name=True)
@@ -87,6 +91,7 @@ class PodSettings(BaseSettings):
     slot_bytes: int = Field(default=256 << 20, ge=4096)
     redis_username: str = ""
     redis_password: SecretStr = SecretStr("")
+    preempt_grace_seconds: float = Field(default=0.0, ge=0)
 
     @field_validator("secret")
     @classmethod
@@ -237,9 +242,14 @@ class TrainerSettings(PodSettings):
     * ``LIFELINE_CHECKPOINT_URI`` — checkpoint to storage directly (``file:///path``, a path or
       ``s3://bucket/prefix``) instead of through the sidecar. Default empty (the sidecar).
     * ``LIFELINE_MODEL`` — JSON overrides of the reference model's config fields. Default ``{}``.
+    * ``LIFELINE_NUMERICS`` — JSON of ``spec.recovery.lossSpike`` (``enabled``, ``factor``, ``window``,
+      ``skipSteps``): the NaN and loss-spike check of every step (docs/numerics.md). Default empty: the
+      check on with its defaults.
     * ``LIFELINE_PERSIST_URI``, ``LIFELINE_S3_ENDPOINT``, ``LIFELINE_S3_ACCESS_KEY``,
       ``LIFELINE_S3_SECRET_KEY``, ``LIFELINE_S3_SECURE`` — the L2 store (as the sidecar's): a restore
       into another layout (elastic reshard) reads the universal checkpoint from it.
+    * ``LIFELINE_PEER_REPLICAS`` — the sidecars' L1 copies of each shard (as the sidecar's): 0 tells a
+      preempted trainer not to wait for an L1 copy that will never come. Default 1.
     * ``LIFELINE_PERSIST_EVERY`` — the sidecars' L2 interval (steps). When it divides
       ``LIFELINE_STEPS``, a rank that trained the last step stays (reporting ``awaiting_l2``) until
       that checkpoint is committed to L2, up to ``LIFELINE_RECOVERY_TIMEOUT_SECONDS``: a job is not
@@ -264,11 +274,13 @@ class TrainerSettings(PodSettings):
     sparse_window: int = Field(default=0, ge=0)
     checkpoint_uri: str = ""
     model: dict[str, Any] = Field(default_factory=dict)
+    numerics: str = ""
     rendezvous_timeout_seconds: float = Field(default=300.0, gt=0)
     collective_timeout_seconds: float = Field(default=60.0, gt=0)
     recovery_timeout_seconds: float = Field(default=600.0, gt=0)
     persist_uri: str = ""
     persist_every: int = Field(default=0, ge=0)
+    peer_replicas: int = Field(default=1, ge=0)
     s3_endpoint: str = ""
     s3_access_key: str = ""
     s3_secret_key: SecretStr = SecretStr("")

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from lifeline.api._base import WireModel, field_error
+from lifeline.api._numerics import LossSpikeSpec
+from lifeline.api._stragglers import StragglerSpec
 from lifeline.api._names import (NAME_MAX, NAME_RE, PERSIST_URI_PATTERN, SEED_MAX, check_name,
                                   check_persist_uri)
 from lifeline.api._quantity import parse_bytes
@@ -219,6 +221,14 @@ class RecoverySpec(WireModel):
     startup_grace_seconds: int = Field(
         60, ge=1, le=3600, description="How long a started sidecar may take to register before it counts as lost."
     )
+    loss_spike: LossSpikeSpec = Field(
+        default_factory=LossSpikeSpec,  # type: ignore[arg-type]
+        json_schema_extra={"default": {}},
+        description="NaN and loss-spike check of every step: a bad batch is skipped, a faulty rank reported "
+        "(docs/numerics.md).",
+    )
+    straggler: StragglerSpec = Field(default_factory=StragglerSpec, json_schema_extra={"default": {}},  # type: ignore[arg-type]
+                                     description="Straggler detection from the ranks' compute times (docs/stragglers.md).")
 
     @model_validator(mode="after")
     def _grace_covers_heartbeat(self) -> RecoverySpec:

@@ -15,6 +15,10 @@ rotated every repeat):
   peer's CPU seconds are reported beside its wall time (``FS_CONDITIONS``).
 - reshard N -> M: N gloo ranks save (ours and DCP, DTensor ``Shard(0)``), then each of the M
   target ranks loads its new shard (see :func:`bench_reshard`), ours vs DCP.
+- ``--model fsdp2`` (:func:`run_fsdp2`, instead of the rows above): a ``fully_shard`` model + AdamW at world
+  size 2 (gloo, CPU): the trainer's stall ÷ one memcpy of the state and ÷ DCP ``async_save``'s blocking
+  time (``_ckpt_fsdp2``), and the bytes read ÷ bytes needed of resharding that state 4 -> 2, 4 -> 3, 3 -> 2
+  at ``examples/fsdp2``'s sizes and 4 -> 2 at 1 MiB+ chunks (``_fsdp2_model.reshard_reads``).
 
 Prints one JSON object (with every sample and the load average, since the machine may be shared).
 DCP on MinIO goes through :mod:`lifeline.bench._dcp_s3` (an fsspec filesystem over the same minio
@@ -35,10 +39,12 @@ from typing import Any
 import torch
 
 from lifeline.bench._ckpt_common import CPU, SAMPLES, GiB, make_state, nbytes
+from lifeline.bench._ckpt_fsdp2 import DEFAULT_SHAPES, bench_fsdp2
+from lifeline.bench._fsdp2_model import reshard_reads
 from lifeline.bench._ckpt_reshard import bench_reshard, worker
 from lifeline.bench._ckpt_storage import FS_CONDITIONS, FS_DURABILITY, bench_filesystem, bench_minio
 
-__all__ = ["run", "make_state", "bench_filesystem", "bench_minio", "bench_reshard", "FS_CONDITIONS", "FS_DURABILITY",
+__all__ = ["run", "run_fsdp2", "make_state", "bench_filesystem", "bench_minio", "bench_reshard", "FS_CONDITIONS", "FS_DURABILITY",
            "SAMPLES", "CPU", "GiB"]
 
 
@@ -96,6 +102,31 @@ def run(size_mib: int = 256, tensors: int = 128, repeats: int = 5, minio: bool =
         return result
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+LARGE_SHAPES = {"dim": 512, "hidden": 2048, "layers": 2, "vocab": 256}
+"""The reshard-reads row at 1 MiB+ chunks: ``gate``/``up``/``down`` of 1 MiB per rank at world size 4."""
+
+
+def run_fsdp2(world: int = 2, repeats: int = 5, workdir: str | None = None) -> dict[str, Any]:
+    """The ``--model fsdp2`` rows (module docstring); returns the JSON-ready result.
+
+    Raises:
+        AssertionError: a reshard changed a tensor.
+        torch.multiprocessing.ProcessRaisedException: a rank of the stall row failed.
+    """
+    warnings.filterwarnings("ignore")
+    result: dict[str, Any] = {"benchmark": "checkpoint", "model": "fsdp2",
+                              "save": bench_fsdp2(world, repeats, workdir, DEFAULT_SHAPES)}
+    reads = []
+    for (a, b), shapes, label in [((4, 2), {}, "example"), ((4, 3), {}, "example"), ((3, 2), {}, "example"),
+                                  ((4, 2), LARGE_SHAPES, "1MiB+"), ((4, 3), LARGE_SHAPES, "1MiB+")]:
+        row = reshard_reads(a, b, storage="memory", **shapes)
+        row["sizes"] = label
+        reads.append(row)
+    result["reshard_reads"] = reads
+    result["targets"] = {"reshard_reads_at_most_1_05": all(r["read_over_needed"] <= 1.05 for r in reads)}
+    return result
 
 
 if __name__ == "__main__":

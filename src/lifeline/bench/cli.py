@@ -39,6 +39,8 @@ def checkpoint_command(
     reshard_from: int = typer.Option(4, "--reshard-from", help="Ranks saving (reshard row)."),
     reshard_to: int = typer.Option(2, "--reshard-to", help="Ranks loading (reshard row)."),
     state_dir: str = _state_dir("Directory for the files (default: the temp dir)."),
+    model: str = typer.Option("synthetic", "--model", help="synthetic: the rows above; fsdp2: a fully_shard "
+                              "model + AdamW at world size 2 (stall vs memcpy and DCP async_save; reshard reads)."),
 ) -> None:
     """Our checkpoint format vs torch.distributed.checkpoint vs torch.save: save, load, reshard, raw storage."""
     import json
@@ -47,9 +49,15 @@ def checkpoint_command(
            (tensors < 1, "--tensors", f"must be >= 1, got {tensors}"),
            (repeats < 1, "--repeats", f"must be >= 1, got {repeats}"),
            (reshard_from < 1, "--reshard-from", f"must be >= 1, got {reshard_from}"),
-           (reshard_to < 1, "--reshard-to", f"must be >= 1, got {reshard_to}"), state_dir=state_dir)
+           (reshard_to < 1, "--reshard-to", f"must be >= 1, got {reshard_to}"),
+           (model not in ("synthetic", "fsdp2"), "--model", f"must be synthetic or fsdp2, got {model!r}"),
+           state_dir=state_dir)
 
-    from lifeline.bench.checkpoint import run
+    from lifeline.bench.checkpoint import run, run_fsdp2
+
+    if model == "fsdp2":
+        typer.echo(json.dumps(run_fsdp2(repeats=repeats, workdir=state_dir), indent=1))
+        return
 
     typer.echo(json.dumps(run(size_mib=size_mib, tensors=tensors, repeats=repeats, minio=minio,
                               reshard_from=reshard_from, reshard_to=reshard_to, workdir=state_dir), indent=1))

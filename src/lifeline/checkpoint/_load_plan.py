@@ -78,7 +78,8 @@ class ReadOp:
 class LoadPlan:
     """Every read and copy that loads ``rank`` of ``layout`` from checkpoint ``step``.
 
-    ``needed_bytes`` is what the target tensors need; ``read_bytes`` what the reads fetch.
+    ``needed_bytes`` is what the target tensors need; ``read_bytes`` what the reads fetch (byte entries, read
+    whole apart from these reads, are in neither: see :class:`~lifeline.checkpoint.LoadReport`).
     ``bytes_entries`` maps each requested byte entry to ``(source rank, its metadata)``.
     """
 

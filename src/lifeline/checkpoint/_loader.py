@@ -33,6 +33,10 @@ _Streamed = tuple[list[Segment], ReadChecks, queue.SimpleQueue]
 class LoadReport:
     """What a load did: bytes the target needed, bytes read (fallbacks included), copies skipped.
 
+    ``needed_bytes`` counts the target's tensor bytes and the byte entries it asked for (each read
+    whole); ``read_bytes`` every byte read for either, so ``read_bytes / needed_bytes`` is the load's
+    read amplification (1.0: nothing read beyond what the target needs).
+
     ``fallbacks`` lists one line per chunk whose primary copy failed (corrupt or unreadable)
     and that was then read from another copy.
     """
@@ -82,7 +86,8 @@ class _Executor:
         tuning = reader if isinstance(reader, ReadTuning) else None
         self.read_piece: int | None = tuning.read_piece if tuning is not None else None
         self.read_threads: int | None = tuning.read_threads if tuning is not None else None
-        self.report = LoadReport(needed_bytes=plan.needed_bytes)
+        entry_bytes = sum(meta.byte_length for _, meta in plan.bytes_entries.values())
+        self.report = LoadReport(needed_bytes=plan.needed_bytes + entry_bytes)
         self.lock = threading.Lock()
         self.op_reads: list[list[int]] = [[] for _ in plan.ops]
         for ri, r in enumerate(plan.reads):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -31,30 +32,51 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE = None
 """``None``: choose each chunk's checksum block size adaptively (see :func:`choose_block_size`)."""
-MIN_BLOCK, MAX_BLOCK, TARGET_BLOCKS = 4096, 1 << 20, 128
+MIN_BLOCK, MAX_BLOCK, TARGET_BLOCKS = 64, 1 << 20, 128
+SMALL_BLOCK = 4096
+"""Chunks whose adaptive block is below this (under 512 KiB) get blocks ending on the rows of their split dim."""
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+def _lowbit(n: int) -> int:
+    """The largest power of two dividing ``n`` (``n`` itself when 0)."""
+    return n & -n
+
+
 def choose_block_size(byte_length: int, lengths: tuple[int, ...], itemsize: int, split_dim: int | None) -> int:
-    """The checksum block size (bytes, a power of two in [4 KiB, 1 MiB]) of a chunk.
+    """The checksum block size (bytes, a power of two in [64 B, 1 MiB]) of a chunk.
+
+    Args:
+        byte_length: the chunk's size in bytes.
+        lengths: the chunk's box, elements per dim.
+        itemsize: bytes per element.
+        split_dim: the tensor dim the pattern splits (``None``: none; the leading dim is assumed).
 
     About ``byte_length / 128`` so a partial read of the chunk, widened to whole blocks,
-    reads at most ~2/128 of the chunk more than it needs. When the pattern splits a
-    non-leading dim ``split_dim``, the block is also capped at half of one contiguous
-    span of that dim (so a reshard to twice the degree reads exact blocks) but kept to
-    at most 4096 blocks per chunk.
+    reads at most ~2/128 of the chunk more than it needs; at least 4 KiB for chunks of
+    512 KiB and more (their block count stays at ~128). A smaller chunk's block is also
+    capped at the largest power of two dividing one row of ``split_dim`` (the bytes of one
+    index of that dim, ``itemsize * prod(lengths[split_dim + 1:])``), but kept at least 64 B and
+    at most ~2048 blocks per chunk, so a reshard cutting the chunk between rows (any new degree)
+    reads exact blocks whenever that row is a multiple of 64 B. When the pattern splits a non-leading dim of a larger chunk,
+    the block is capped at half of one contiguous span of that dim (so a reshard to twice the
+    degree reads exact blocks) but kept to at most 4096 blocks per chunk.
     """
     block = min(MAX_BLOCK, max(MIN_BLOCK, _pow2_floor(byte_length // TARGET_BLOCKS)))
+    if block < SMALL_BLOCK:
+        d = split_dim if split_dim is not None and 0 <= split_dim < len(lengths) else 0
+        row = itemsize * math.prod(lengths[d + 1:])
+        return min(block, max(MIN_BLOCK, _lowbit(row), _pow2_floor(byte_length // 1024)))
     if split_dim is not None and 0 < split_dim < len(lengths):
         span = itemsize
         for n in lengths[split_dim:]:
             span *= n
         half = span // 2
         lowbit = half & -half if half else block
-        block = min(block, max(MIN_BLOCK, lowbit, _pow2_floor(byte_length // 4096)))
+        block = min(block, max(SMALL_BLOCK, lowbit, _pow2_floor(byte_length // 4096)))
     return block
 
 

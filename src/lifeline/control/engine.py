@@ -56,6 +56,7 @@ from lifeline.control._rounds import Decision, Observed, Record, Settle, Sidecar
 from lifeline.control.elastic import plan_grow
 from lifeline.control.facts import CatalogFacts
 from lifeline.control.plan import plan_recovery
+from lifeline.control.preemption import annotate, preempted
 from lifeline.control.progress import Progress
 from lifeline.control.state import ClusterState, JobState
 
@@ -270,6 +271,7 @@ def _decide(spec: TrainingJobSpec, record: Record, observed: Observed, *, now: f
             return Decision(record.phase, record.reason or record.phase, record.message, failures=failures,
                             settling=True, **base)
         plan = plan_recovery(_job_state(record, observed, facts, layout, now), failures, spec, now=now)
+        plan = annotate(plan, preempted(progress, g))  # a preemption says so in the plan's reason
         if plan.action is RecoveryAction.GIVE_UP:
             return Decision("Failed", "GiveUp", plan.reason, failures=failures, plan=plan, **base)
         return Decision("Recovering", plan.action.value, plan.reason, plan.generation, plan.layout,

@@ -13,7 +13,9 @@ from typing import Protocol
 
 __all__ = ["Report", "Progress"]
 
-_TRAINING_EVENTS = ("step", "save", "done")
+_TRAINING_EVENTS = ("step", "save", "done", "skipped_batch", "faulty_rank")
+"""Recorded events of a rank training on (the numerics check's two name a step it finished: skipped, or
+re-run; docs/numerics.md)."""
 _LOADED_EVENTS = ("restore", "keep", "replayed", "start", *_TRAINING_EVENTS)
 """Recorded events after which a rank's state is loaded in their generation: restored, kept (a survivor
 of a localized replay), replayed, or training on."""

@@ -13,9 +13,9 @@ from lifeline.control import Record
 from lifeline.errors import CatalogError, RecoveryError
 from lifeline.launch._records import RecoveryRecord, stuck_ranks
 
-__all__ = ["STRAGGLER_SECONDS"]
+__all__ = ["STUCK_SECONDS"]
 
-STRAGGLER_SECONDS = 1.5
+STUCK_SECONDS = 1.5
 """A surviving trainer that has not read the plan this long after it was published (its latest
 report is neither the runtime's ``plan`` report of this generation nor of a newer generation) is
 stuck — in a collective of the old group, or frozen: gloo cannot abort it, and a peer that left may
@@ -123,9 +123,9 @@ class _Applying:
             old.drop_arena()
         self._write_pids()
 
-    def _restart_stragglers(self, view: CatalogView) -> None:
+    def _restart_stuck(self, view: CatalogView) -> None:
         """Kill and restart in place every surviving trainer stuck in the old generation (see
-        :data:`STRAGGLER_SECONDS`); the plan stays: it rejoins the plan's generation and restores
+        :data:`STUCK_SECONDS`); the plan stays: it rejoins the plan's generation and restores
         the plan's step like a restarted rank. Under ``LocalizedReplay`` the ranks that keep their state
         are never restarted (their state is what the replay catches up to); gloo's collective timeout
         frees them at the latest."""
@@ -133,7 +133,7 @@ class _Applying:
         if not recs or recs[-1].resumed_at is not None or recs[-1].published_at is None:
             return
         rec = recs[-1]
-        if time.time() - rec.published_at < STRAGGLER_SECONDS:
+        if time.time() - rec.published_at < STUCK_SECONDS:
             return
         plan = self.record.plan
         keep = set(range(len(self.pods))) - set(plan.restore_ranks) \
@@ -144,8 +144,8 @@ class _Applying:
             pod = self.pods[rank]
             pod.kill("trainer")
             self._restart_trainer(pod)
-            rec.stragglers.append(rank)
-            self._event(f"rank {rank} was stuck in generation {rec.generation - 1} {STRAGGLER_SECONDS:.1f} s "
+            rec.stuck.append(rank)
+            self._event(f"rank {rank} was stuck in generation {rec.generation - 1} {STUCK_SECONDS:.1f} s "
                         f"after the plan: restarted in place")
             self._write_pids()
 

@@ -15,8 +15,10 @@ from lifeline.api.pod import default_arena_dir
 from lifeline.control import NodeState
 from lifeline.errors import ClusterError
 from lifeline.launch._holds import hold_dir, hold_env
+from lifeline.launch._poison import nan_env
 from lifeline.launch._pods import Pod, stop_all
 from lifeline.launch._records import LaunchOptions
+from lifeline.launch._slow import slow_env
 from lifeline.launch.env import RankProcesses, Secrets, node_ip, rank_processes
 from lifeline.launch.services import Services
 from lifeline.launch.spare_pool import Spare, SparePool, spare_env, wanted_spares
@@ -65,6 +67,9 @@ class Fleet:
                            LIFELINE_S3_SECRET_KEY=s.s3_secret_key)
         # deterministic injection: the trainer holds at its faults' steps until they fired
         env.update(hold_env(self.options.injections, rank, self.options.state_dir.resolve()))
+        # a ``nan`` fault: the trainer poisons its own batch (lifeline.launch._poison)
+        env.update(nan_env(self.options.injections, rank, self.options.state_dir.resolve()))
+        env.update(slow_env(self.options.injections, rank, node))  # a ``slow`` node (lifeline.launch._slow)
         # one per run (its state directory): two runs of the same job name on one machine never share one;
         # the name is cut so that the sidecar's socket path stays under the 108 bytes of AF_UNIX
         run = hashlib.sha1(str(self.options.state_dir.resolve()).encode()).hexdigest()[:8]

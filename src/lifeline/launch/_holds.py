@@ -34,11 +34,16 @@ def hold_dir(state_dir: Path, rank: int) -> Path:
 
 
 def hold_env(injections: Iterable[Injection], rank: int, state_dir: Path) -> dict[str, str]:
-    """The variables that make ``rank``'s trainer hold at its faults' steps (none without such faults)."""
+    """The variables that make ``rank``'s trainer hold at its faults' steps (none without such faults), and
+    with a ``preempt`` fault those that turn preemption handling on (every rank: :mod:`lifeline.launch._preempt`)."""
+    from lifeline.launch._preempt import preempt_env
+
+    injections = tuple(injections)
     steps = hold_steps(injections, rank)
     if not steps:
-        return {}
-    return {HOLD_ENV: ",".join(str(s) for s in steps), HOLD_DIR_ENV: str(hold_dir(state_dir, rank))}
+        return preempt_env(injections)
+    return {HOLD_ENV: ",".join(str(s) for s in steps), HOLD_DIR_ENV: str(hold_dir(state_dir, rank)),
+            **preempt_env(injections)}
 
 
 def hold_path(directory: Path, step: int) -> Path:

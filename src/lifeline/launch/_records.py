@@ -82,8 +82,8 @@ class RecoveryRecord:
     ``planned_at`` (``lifeline.control`` returned the plan), ``published_at`` (the plan is in the
     catalog), ``launched_at`` (every restarted or replacement process started), ``resumed_at``
     (every rank trained in the new generation), ``caught_up_at`` (every rank past ``from_step``).
-    ``spares`` counts the trainers started from pre-warmed spares; ``stragglers`` lists survivors
-    restarted because they stayed stuck in the old generation (:data:`STRAGGLER_SECONDS`).
+    ``spares`` counts the trainers started from pre-warmed spares; ``stuck`` lists survivors
+    restarted because they stayed stuck in the old generation (:data:`STUCK_SECONDS`).
     """
 
     generation: int
@@ -103,7 +103,7 @@ class RecoveryRecord:
     resumed_at: float | None = None
     caught_up_at: float | None = None
     spares: int = 0
-    stragglers: list[int] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)
     layout: dict[str, int] | None = None
 
     @property
@@ -143,7 +143,7 @@ class RecoveryRecord:
                 "fault": self.fault,
                 "detect_seconds": round(self.started_at - self.fault_at, 3),
                 "to_same_step_seconds": None if self.to_same_step_seconds is None
-                else round(self.to_same_step_seconds, 3), "spares": self.spares, "stragglers": self.stragglers,
+                else round(self.to_same_step_seconds, 3), "spares": self.spares, "stuck": self.stuck,
                 "timeline": {k: round(v, 4) for k, v in (
                     ("failed_at", self.failed_at), ("noticed_at", self.noticed_at), ("round_at", self.started_at),
                     ("planned_at", self.planned_at), ("published_at", self.published_at),

@@ -18,7 +18,10 @@ __all__ = ["run_command", "validate_command", "register"]
 
 _INJECT_HELP = ("KIND:rank=R:step=S, KIND one of trainer, sidecar, node (sidecar and trainer together), hang "
                 "(SIGSTOP the trainer), flip (add tier=L0|L1|L2: a byte of a copy, then the failure that reads "
-                "it), redis:step=S (restart it empty), minio:step=S[:seconds=D] (an outage); any may add "
+                "it), preempt (seconds=G, default 10: SIGTERM, SIGKILL after G s, node lost), redis:step=S "
+                "(restart it empty), minio:step=S[:seconds=D] (an outage), nan (add transient=1 for the first try "
+                "only: the rank's step numbers turn NaN; docs/numerics.md), slow (factor=F, default 2: the rank's node "
+                "computes F times slower from step S; docs/stragglers.md); any but nan and slow may add "
                 ":when=recovery (fire during a recovery). Repeat the flag for several failures.")
 
 

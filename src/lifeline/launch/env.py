@@ -157,7 +157,9 @@ def rank_processes(
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"checkpoint": ck.model_copy(
             update={"persist": ck.persist.model_copy(update={"uri": persist_uri})})})})
     job = job.model_copy(update={"metadata": {**job.metadata, "uid": job.metadata.get("uid", "local")}})
-    config = PodConfig(redis_url=redis_url, s3_endpoint=s3_endpoint, peer_port=0, metrics_port=metrics_port)
+    # preemption handling only with a ``preempt`` injection (its grace comes in ``extra_env``)
+    config = PodConfig(redis_url=redis_url, s3_endpoint=s3_endpoint, peer_port=0, metrics_port=metrics_port,
+                       preemption=False)
     pod = rank_pod(job, rank, generation=generation, config=config, layout=layout)
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     base = {k: v for k, v in os.environ.items() if not k.startswith("LIFELINE_")}

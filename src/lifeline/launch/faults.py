@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lifeline.checkpoint import ShardMetadata, list_steps, read_manifest
-from lifeline.errors import LifelineError
+from lifeline.errors import CatalogError, LifelineError
 from lifeline.launch import _flip
 from lifeline.launch.inject import Injection
 
 __all__ = ["FiredFault", "Faults", "SETTLE_SECONDS", "L2_WAIT_SECONDS"]
 
 SETTLE_SECONDS = 1.5
+CATALOG_WAIT_SECONDS = 15.0
+"""A flip waits at most this long for the catalog to answer with the rank's sidecar registered (a
+``redis`` fault of the same step restarts Redis empty, and the sidecars file their copies again)."""
 """A ``flip`` waits at most this long, after killing, for the rank's last save to be sealed and filed."""
 L2_WAIT_SECONDS = 30.0
 """A ``flip`` at L2 waits at most this long for a first checkpoint to be committed to L2 (the rounds
@@ -77,7 +80,7 @@ class Faults:
         reported although this round's catalog view may not show it yet (the step a trainer holds at)."""
         sup = self.sup
         rec = FiredFault(inj, time.time(), max([*sup.tally.seen_step.values(), step or 0]),
-                         recovers=inj.kind not in ("redis", "minio"))
+                         recovers=inj.kind not in ("redis", "minio", "nan", "slow"))
         if sup.pods and all(p.exit_code("trainer") == 0 for p in sup.pods.values()):
             rec.recovers, rec.ineffective, rec.note = False, True, "the job had finished: nothing injected"
             self.fired.append(rec)
@@ -111,10 +114,32 @@ class Faults:
     def _node(self, inj: Injection, rec: FiredFault) -> None:
         self._kill(inj, rec, node=True)
 
+    def _preempt(self, inj: Injection, rec: FiredFault) -> None:
+        """SIGTERM the trainer, wait for it to exit (its checkpoint in L1) at most the grace, then take the
+        node: SIGKILL what is left, mark it lost (:func:`lifeline.launch._preempt.preempt_pod`)."""
+        from lifeline.launch._preempt import preempt_pod
+
+        pod = self.sup.pods.get(inj.rank)
+        if pod is None:
+            rec.note = f"rank {inj.rank} has no pod"
+            return
+        rec.note = preempt_pod(pod, inj.grace_seconds)
+        self._kill(inj, rec, node=True)
+
     def _hang(self, inj: Injection, rec: FiredFault) -> None:
         pod = self.sup.pods.get(inj.rank)
         if pod is not None:
             pod.hang()
+
+    def _nan(self, inj: Injection, rec: FiredFault) -> None:
+        """Nothing to do: the rank's trainer poisoned its batch itself (``LIFELINE_FAULT_NAN``, given at its
+        start); this record fires once the rank reported the step."""
+        rec.note = "the trainer poisoned its batch itself (LIFELINE_FAULT_NAN)"
+
+    def _slow(self, inj: Injection, rec: FiredFault) -> None:
+        """Nothing to do: the rank's trainer sleeps before each step itself (``LIFELINE_FAULT_SLOW``, given at
+        its start); this record fires once the rank reported the step."""
+        rec.note = f"the trainer slows itself {inj.slow_factor:g}x from this step (LIFELINE_FAULT_SLOW)"
 
     # ------------------------------------------------------------------ services
     def _redis(self, inj: Injection, rec: FiredFault) -> None:
@@ -135,7 +160,27 @@ class Faults:
 
     # ------------------------------------------------------------------ flips
     def _flip(self, inj: Injection, rec: FiredFault) -> None:
+        if not self._await_catalog(inj.rank):
+            rec.note = f"the catalog did not list rank {inj.rank}'s sidecar within {CATALOG_WAIT_SECONDS:g} s; "
         {"L0": self._flip_l0, "L1": self._flip_l1, "L2": self._flip_l2}[inj.tier or "L0"](inj, rec)
+
+    def _await_catalog(self, rank: int, limit: float = CATALOG_WAIT_SECONDS) -> bool:
+        """Wait until the catalog answers and lists ``rank``'s sidecar, at most ``limit`` seconds; False
+        when it did not. A flip finds the copies to corrupt through the catalog: right after a Redis
+        restart (a ``redis`` fault at the same step, fuzz seed 3027) it refused the connection, and the
+        flip corrupted nothing. The flip runs in the supervisor's round, so the wait does the round's
+        service watch itself (:meth:`~lifeline.launch._watch.ServiceWatch.tick`: Redis restarted, the
+        catalog repaired)."""
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                if self.sup.catalog.is_registered(rank):
+                    return True
+            except CatalogError:  # Redis restarts in the supervisor's rounds, which this flip holds up
+                self.sup.watch.tick()
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
     def _own_copies(self, rank: int):
         """``(step, meta, slot path, blob)`` of ``rank``'s verified L0 copies in its arena, newest first."""

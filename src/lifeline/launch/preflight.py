@@ -160,6 +160,9 @@ def _injections_fit(job: TrainingJob, injections: list[Injection], persist_uri: 
         if inj.kind == "flip" and inj.tier == "L2" and uri is None:
             out.append(("--inject-failure", f"--inject-failure {inj}: the job has no L2 store; set "
                         "spec.checkpoint.persist or --persist-uri"))
+        if inj.kind == "nan" and not job.spec.recovery.loss_spike.enabled:
+            out.append(("--inject-failure", f"--inject-failure {inj}: the job does not check its steps for NaN; "
+                        "set spec.recovery.lossSpike.enabled: true"))
         if inj.kind == "flip" and inj.tier == "L1" and job.spec.checkpoint.peer_replicas < 1:
             out.append(("--inject-failure", f"--inject-failure {inj}: the job keeps no L1 copies; set "
                         "spec.checkpoint.peerReplicas >= 1"))

@@ -89,7 +89,8 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
     ``lost_seconds`` (wall time not spent on kept steps: recovery, redone steps, start-up),
     ``ettr`` (:func:`lifeline.control.ettr`: kept step time over wall time),
     ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``faults`` (each injection that
-    fired, :class:`lifeline.launch.faults.FiredFault`), ``service_restarts`` (servers brought back),
+    fired, :class:`lifeline.launch.faults.FiredFault`), ``stragglers`` (each rank flagged slow, per
+    generation: :meth:`lifeline.launch._stragglers.StragglerWatch.summary`), ``service_restarts`` (servers brought back),
     ``complete_step`` (the latest complete step as sampled every round: samples, rounds without one,
     regressions — it must never move backwards), ``resumed_from`` (the L2 step a restarted run began
     at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``), ``state_dir``.
@@ -125,6 +126,7 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
         "ettr": None if ratio is None else round(ratio, 4),
         "recoveries": [r.to_dict() for r in snap.recoveries],
         "faults": [f.to_dict() for f in getattr(sup.faults, "fired", ())],
+        "stragglers": sup.straggling.summary() if getattr(sup, "straggling", None) is not None else [],
         "service_restarts": dict(getattr(sup.watch, "restarts", {})),
         "complete_step": sup.tally.complete_summary(),
         "resumed_from": sup.resumed_from,

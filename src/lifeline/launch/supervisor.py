@@ -26,7 +26,7 @@ from lifeline.api import RecoveryAction, RecoveryPlan, TrainingJob
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import Decision, NodeState, Progress, Record, Settle, decide
 from lifeline.errors import CatalogError, RecoveryError
-from lifeline.launch._apply import STRAGGLER_SECONDS, _Applying
+from lifeline.launch._apply import STUCK_SECONDS, _Applying
 from lifeline.launch._elastic import NodeReturns, Retiring
 from lifeline.launch._fleet import Fleet
 from lifeline.launch._holds import fire_due
@@ -34,6 +34,7 @@ from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
 from lifeline.launch._records import LaunchOptions, RecoveryRecord, Snapshot, Tally
 from lifeline.launch._resume import final_digest, resume_plan
+from lifeline.launch._stragglers import StragglerWatch
 from lifeline.launch._wait import ExitWaiter
 from lifeline.launch._watch import ServiceWatch
 from lifeline.launch.env import Secrets
@@ -41,7 +42,7 @@ from lifeline.launch.faults import Faults
 from lifeline.launch.inject import Injection
 from lifeline.launch.services import Services, start_services
 
-__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Supervisor", "CATALOG_OUTAGE_SECONDS", "STRAGGLER_SECONDS", "RECENT_STEPS"]
+__all__ = ["LaunchOptions", "RecoveryRecord", "Snapshot", "Supervisor", "CATALOG_OUTAGE_SECONDS", "STUCK_SECONDS", "RECENT_STEPS"]
 
 CATALOG_OUTAGE_SECONDS = 120.0
 """The supervisor keeps going through Redis timeouts this long (trainers and sidecars tolerate
@@ -81,6 +82,7 @@ class Supervisor(_Applying):
         self.pending: list[Injection] = sorted(options.injections, key=lambda i: i.step)
         self.snapshot = Snapshot(self.name, job.spec.steps, self.layout)
         self.tally = Tally()
+        self.straggling = StragglerWatch(job.spec.recovery.straggler)  # slow ranks (docs/stragglers.md)
         self.step_seconds, self.stall_seconds = self.tally.step_seconds, self.tally.stall_seconds
         self._failing_since: float | None = None
         self._injected_at: float | None = None
@@ -221,6 +223,7 @@ class Supervisor(_Applying):
                 self._wait_round(self.options.poll_seconds)
                 continue
             self.tally.observe(view, self.snapshot, self.layout)
+            self.straggling.round(self, view)
             if self.first_step_at is None and self.snapshot.step > 0:
                 self.first_step_at = time.time()
             self._inject(view)
@@ -237,7 +240,7 @@ class Supervisor(_Applying):
                 noticed, self._failing_since = self._failing_since, None
                 self._apply(d.plan, view, now, noticed)
             self._last_holdings = view.holdings
-            self._restart_stragglers(view)
+            self._restart_stuck(view)
             self._close_recoveries(view)
             self._release_spare()  # the restore read what a grow spared: the sidecars may evict it
             self._refill_spares()

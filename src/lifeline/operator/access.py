@@ -1,5 +1,5 @@
 """What a job is given to reach shared services, and no more: its Secret (HMAC key, S3 and Redis
-credentials), its Redis ACL user and its NetworkPolicy. Called by every reconcile (idempotent), so
+credentials), its Redis ACL user, its NetworkPolicy and its PodDisruptionBudget. Called by every reconcile (idempotent), so
 an operator killed at any point, or a Redis restarted without its ACLs, is repaired next time.
 """
 
@@ -10,16 +10,17 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client import NetworkingV1Api
+from kubernetes.client import NetworkingV1Api, PolicyV1Api
 from kubernetes.client.exceptions import ApiException
 
+from lifeline.api.disruption import disruption_budget_name, job_disruption_budget, min_available
 from lifeline.api.manifests import SECRET_REDIS_PASSWORD, SECRET_REDIS_USERNAME, job_secret, secret_name
 from lifeline.api.netpol import job_network_policy, network_policy_name
 from lifeline.api.trainingjob import TrainingJob
 from lifeline.catalog import Catalog, job_user
 from lifeline.operator import events
 
-__all__ = ["ensure_secret", "ensure_network_policy", "ensure_redis_user"]
+__all__ = ["ensure_secret", "ensure_network_policy", "ensure_disruption_budget", "ensure_redis_user"]
 
 
 def _job_ref(job: TrainingJob) -> dict[str, Any]:
@@ -91,3 +92,32 @@ def ensure_network_policy(env: Any, job: TrainingJob) -> None:
         return
     events.record(_job_ref(job), "NetworkPolicyCreated",
                   f"created NetworkPolicy {name}: only the job's own pods reach its pods")
+
+
+def ensure_disruption_budget(env: Any, job: TrainingJob, world_size: int) -> None:
+    """Create the job's PodDisruptionBudget (:func:`lifeline.api.disruption.job_disruption_budget`: a drain
+    evicts one of its pods at a time) if absent; patch its ``minAvailable`` when ``world_size`` (the current
+    one, which an elastic reshard changes) asks for another.
+
+    Raises:
+        kubernetes.client.ApiException: the API server refused (not 404/409).
+    """
+    api = PolicyV1Api(env.core.api_client)
+    ns, name = job.namespace, disruption_budget_name(job.name or "")
+    want = min_available(world_size)
+    try:
+        found = api.read_namespaced_pod_disruption_budget(name, ns)
+        if found.spec is not None and found.spec.min_available != want:
+            api.patch_namespaced_pod_disruption_budget(name, ns, {"spec": {"minAvailable": want}})
+        return
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    try:
+        api.create_namespaced_pod_disruption_budget(ns, job_disruption_budget(job, world_size))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        return
+    events.record(_job_ref(job), "DisruptionBudgetCreated",
+                  f"created PodDisruptionBudget {name}: an eviction (kubectl drain) takes one pod at a time")

@@ -21,6 +21,7 @@ from lifeline.control import CatalogFacts, ClusterState, Decision, Observed, Pod
 from lifeline.control import decide as engine_decide
 from lifeline.operator.observe import (
     Observation,
+    leaving,
     node_signals,
     pod_generation,
     pod_signals,
@@ -139,6 +140,8 @@ def decide_from_cluster(spec: TrainingJobSpec, recorded: Recorded, obs: Observat
                                         ignore=skip)
     signals = [PodGone(s.rank, node_of_rank[s.rank], "pod deleted") if isinstance(s, PodGone) and s.node is None
                and s.rank in obs.terminating else s for s in signals]
+    staying = leaving(obs.terminating, now)  # a preempted or drained rank saving its step: not failed yet
+    signals = [s for s in signals if not (isinstance(s, PodGone) and s.rank in staying)]
     dying = [pod for r, pod in obs.terminating.items() if r not in skip]
     used = {(pod.get("spec") or {}).get("nodeName") for pod in [*live.values(), *dying]} - {None}
     signals += node_signals(obs.nodes.values(), used)

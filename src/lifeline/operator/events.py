@@ -21,6 +21,7 @@ REASONS = {
     # normal
     "SecretCreated": "Normal",
     "NetworkPolicyCreated": "Normal",
+    "DisruptionBudgetCreated": "Normal",
     "PodCreated": "Normal",
     "Running": "Normal",
     "Succeeded": "Normal",

@@ -39,6 +39,7 @@ __all__ = [
     "pod_generation",
     "terminations",
     "pod_signals",
+    "leaving",
     "node_states",
     "node_signals",
     "sidecar_states",
@@ -194,6 +195,22 @@ def sidecar_states(pods: Mapping[int, Mapping[str, Any]], last_seen: Mapping[tup
         uid = (pod.get("metadata") or {}).get("uid", "")
         out.append(SidecarState(rank, (pod.get("spec") or {}).get("nodeName"), started, seen.get((rank, uid))))
     return tuple(out)
+
+
+def leaving(terminating: Mapping[int, Mapping[str, Any]], now: float) -> frozenset[int]:
+    """Ranks whose pod is being deleted within its grace (``deletionTimestamp``, when the kubelet SIGKILLs
+    it, is after ``now``) while its trainer still runs: a preempted, evicted (``kubectl drain``) or deleted
+    pod whose trainer checkpoints the step it completes to L1 before it leaves (docs/preemption.md). Such a
+    rank is no failure yet: a plan made now would restore an older step than the one being saved. It is one
+    once the pod is gone, its trainer exited, or the grace ran out."""
+    out = set()
+    for rank, pod in terminating.items():
+        until = _parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+        cs = next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                   if c["name"] == TRAINER_CONTAINER), None)
+        if until is not None and until > now and ((cs or {}).get("state") or {}).get("running") is not None:
+            out.add(rank)
+    return frozenset(out)
 
 
 def trainer_starts(pods: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:

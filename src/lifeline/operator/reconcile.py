@@ -3,7 +3,7 @@
 Order of writes, so that killing the operator at any point is safe (the next reconcile,
 by the same or a new operator, repeats what is missing and nothing twice):
 
-1. the job's Secret and NetworkPolicy (create if absent), its Redis ACL user (re-granted each time);
+1. the job's Secret, NetworkPolicy and PodDisruptionBudget (create if absent), its Redis ACL user (re-granted);
 2. a new plan: the TrainingJob's annotations (:mod:`lifeline.operator.recorded`), *then* the
    catalog's ``plan:<generation>`` (re-published at every reconcile until the catalog has it);
 3. pod deletions (replaced incarnations, force-deleted: their node may be gone), then pod
@@ -42,7 +42,8 @@ from lifeline.api.trainingjob import (
 from lifeline.catalog import Catalog
 from lifeline.errors import CatalogError
 from lifeline.operator import events, metrics
-from lifeline.operator.access import ensure_network_policy, ensure_redis_user, ensure_secret
+from lifeline.operator.access import (ensure_disruption_budget, ensure_network_policy, ensure_redis_user,
+                                      ensure_secret)
 from lifeline.operator.capacity import pod_requests
 from lifeline.operator.decide import Reconcile, decide_from_cluster
 from lifeline.operator.observe import Observation, observe
@@ -292,6 +293,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
     world = (recorded.plan.layout if recorded.plan else job.spec.layout).world_size
     secret = ensure_secret(env, job)
     ensure_network_policy(env, job)
+    ensure_disruption_budget(env, job, world)
     catalog = env.catalog(job.name or "", world)
     try:
         catalog.own(meta["uid"])

@@ -13,7 +13,8 @@ The public SDK for a training script of one's own (docs/sdk.md):
   or :class:`StorageCheckpointer` when ``LIFELINE_CHECKPOINT_URI`` is set).
 * :func:`run_training` drives a :class:`ModelSpec`'s :class:`Trainable` (the reference model's path);
   its optional hooks are the protocols :class:`BeforeUpdate`, :class:`LogsUpstream`,
-  :class:`SparseOperators`, :class:`ProvidesRestoreState`, :class:`ProvidesInitialState`.
+  :class:`SparseOperators`, :class:`ProvidesRestoreState`, :class:`ProvidesInitialState`,
+  :class:`ChecksNumerics` (the NaN and loss-spike check, docs/numerics.md).
 
 * :class:`Pipeline` names a ``torch.distributed.pipelining`` stage and schedule for :func:`train`
   (``pipeline=``): upstream logging, localized replay and sparse operators (:class:`Operators`) for a
@@ -35,8 +36,8 @@ if TYPE_CHECKING:  # the names type checkers see; at run time they are imported 
     from lifeline.runtime._checkpointer import Checkpointer, StorageCheckpointer, staged_key
     from lifeline.runtime._context import RuntimeContext
     from lifeline.runtime._front import StatefulCheckpointer
-    from lifeline.runtime._hooks import (BeforeUpdate, LogsUpstream, ProvidesInitialState, ProvidesRestoreState,
-                                         SparseOperators)
+    from lifeline.runtime._hooks import (BeforeUpdate, ChecksNumerics, LogsUpstream, ProvidesInitialState,
+                                         ProvidesRestoreState, SparseOperators)
     from lifeline.runtime._init import init
     from lifeline.runtime._loop import StatefulTrainer, StepFn, StepOutcome, train
     from lifeline.runtime._make import make_checkpointer
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # the names type checkers see; at run time they are imported 
 _EXPORTS = {
     "BeforeUpdate": "_hooks",
     "Checkpointer": "_checkpointer",
+    "ChecksNumerics": "_hooks",
     "LogsUpstream": "_hooks",
     "ModelSpec": "_trainable",
     "Operators": "_operators",
@@ -92,6 +94,7 @@ __getattr__, __dir__ = exports(__name__, _EXPORTS)
 __all__ = [
     "BeforeUpdate",
     "Checkpointer",
+    "ChecksNumerics",
     "LogsUpstream",
     "ModelSpec",
     "Operators",

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lifeline.runtime._preempt import requested as preempt_requested
+
 __all__ = ["HOLD_ENV", "HOLD_DIR_ENV", "HOLD_TIMEOUT_ENV", "HOLD_TIMEOUT_SECONDS", "Hold", "hold_at",
            "hold_path", "release_path"]
 
@@ -108,6 +110,8 @@ class Hold:
         ctx.report("hold", record=False, step=step)
         deadline = start + self.timeout
         while not self.released(step):
+            if preempt_requested():  # a preemption's SIGTERM ends the hold: the loop checkpoints and leaves
+                break
             if time.monotonic() > deadline:
                 try:  # the launcher falls back to the step reports: no late fire from the marker
                     marker.unlink()

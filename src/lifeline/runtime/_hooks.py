@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 from lifeline.checkpoint import Layout
 
 __all__ = ["BeforeUpdate", "LogsUpstream", "ProvidesRestoreState", "ProvidesInitialState", "Relayouts", "OverlapsSave", "SidecarBacked",
-           "SparseOperators", "ReportsReshard", "KnowsDurability"]
+           "SparseOperators", "ReportsReshard", "KnowsDurability", "ChecksNumerics"]
 
 
 @runtime_checkable
@@ -103,3 +103,25 @@ class KnowsDurability(Protocol):
     """A checkpointer that can tell whether checkpoint ``step`` is committed to L2."""
 
     def committed_to_l2(self, step: int) -> bool: ...
+
+
+@runtime_checkable
+class ChecksNumerics(Protocol):
+    """A trainer whose steps the runtime checks for NaN and loss spikes before their update
+    (:mod:`lifeline.runtime._numerics`, docs/numerics.md). It calls ``before_update()`` (when not ``None``)
+    once per step, after its gradients are final and before the optimizer update, on every rank;
+    ``step_numerics()`` answers there with the step's ``(loss, grad_norm)``: Python floats, the loss
+    (nats/token) as the step will report it (``None`` on a rank that computes none) and the global
+    gradient L2 norm (``None`` when unknown); ``abandon_step()`` drops the work of a step that
+    ``before_update`` stopped by raising (the state stays that of the last completed step; the same batch
+    is read again by the next ``train_step``); ``skip_batch()`` advances the step counter and the data
+    position by one without an update (the batch is skipped; a failure-free run with that step skipped
+    does the same)."""
+
+    before_update: Callable[[], None] | None
+
+    def step_numerics(self) -> tuple[float | None, float | None]: ...
+
+    def abandon_step(self) -> None: ...
+
+    def skip_batch(self) -> None: ...

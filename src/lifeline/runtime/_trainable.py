@@ -17,7 +17,8 @@ __all__ = ["ModelSpec", "StepReport", "Trainable"]
 class StepReport(Protocol):
     """What one ``train_step()`` returns: ``step`` (completed optimizer steps after it), ``loss``
     (float, or ``None`` where the rank computes none), ``tokens`` (the whole job's in the step) and
-    ``seconds`` (the step's wall time)."""
+    ``seconds`` (the step's wall time). Optionally ``wait_seconds``, the part of ``seconds`` spent in the
+    step's collectives: the straggler scores then judge the rank (``ReportsWait``, docs/stragglers.md)."""
 
     @property
     def step(self) -> int: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 from dataclasses import dataclass
 
@@ -18,9 +19,12 @@ from lifeline.runtime._hooks import (BeforeUpdate, LogsUpstream, OverlapsSave, P
                                      ProvidesRestoreState, Relayouts, ReportsReshard, SidecarBacked,
                                      SparseOperators)
 from lifeline.runtime._hold import hold_at
+from lifeline.runtime._numerics import checked_step, guard_for
+from lifeline.runtime._preempt import Preemption
 from lifeline.runtime._rendezvous import Superseded
 from lifeline.runtime._replay import UpstreamLog, localized_recovery, restore_window
 from lifeline.runtime._sparse import SparseWindows
+from lifeline.runtime._stragglers import StepTimes
 from lifeline.runtime._trainable import ModelSpec, StepReport, Trainable
 from lifeline.runtime._verify import RecoveryVerifier, perturb_point
 
@@ -245,6 +249,8 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     log = _upstream_log(ctx, checkpointer, trainer)
     sparse = _sparse_windows(ctx, checkpointer, log, trainer)
     verifier = RecoveryVerifier(ctx, getattr(checkpointer, "rules", None))
+    numerics = guard_for(ctx)  # NaN and loss spikes stop a step before its update (docs/numerics.md)
+    times = StepTimes.from_env(os.environ)  # compute seconds per step for the straggler scores (docs/stragglers.md)
     _attach(trainer, log)
     restored: list[int] = []
     try:
@@ -289,6 +295,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
     last_loss = None
     final = FinalCheckpoint(ctx, checkpointer, steps)
     end = JobEnd(ctx)
+    preempt = Preemption.install(every)  # SIGTERM: checkpoint the step to L1, then leave (LIFELINE_PREEMPT_GRACE_SECONDS)
 
     def save_final() -> None:
         receipt = checkpointer.save(trainer.step, trainer.state(), generation=ctx.generation)
@@ -310,7 +317,9 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 continue
             if overlap:
                 trainer.before_update = settle
-            result = trainer.train_step()
+            times.before_step(trainer.step + 1)  # an injected ``slow`` fault sleeps here
+            result = checked_step(numerics, trainer, log, sparse)
+            timed = times.after_step(result)
             last_loss = result.loss
             logged = {}
             if sparse is not None:  # the slot first: the log's coverage record then covers it too
@@ -324,7 +333,7 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
             if verifier.due(result.step):  # a recomputed step equals its copy from before the failure
                 verifier.check(result.step, trainer.state())
             ctx.report("step", step=result.step, loss=result.loss, tokens=result.tokens,
-                       seconds=round(result.seconds, 6), **logged,
+                       seconds=round(result.seconds, 6), **logged, **timed, **times.fields(),
                        tokens_per_s=round(result.tokens / result.seconds, 1) if result.seconds > 0 else None)
             ctx.recovering(False)  # trained a step: step reports are its liveness now
             if overlap and result.step % every == 0 and result.step < steps:
@@ -334,8 +343,12 @@ def run_training(ctx: RuntimeContext, model_spec: ModelSpec, checkpointer: Check
                 receipt = checkpointer.save(result.step, trainer.state(), generation=ctx.generation)
                 extra = {k: getattr(receipt, k) for k in ("stall_seconds", "waited_seconds", "skipped")
                          if hasattr(receipt, k)}
-                ctx.report("save", step=result.step, seconds=round(time.perf_counter() - t0, 6), **extra)
+                ctx.report("save", step=result.step, seconds=round(time.perf_counter() - t0, 6), **extra,
+                           **times.fields())
             hold_at(ctx, result.step, settle if overlap else None)  # a fault `lifeline run` injects at this step lands here
+            if preempt is not None:  # told to leave (any rank, when every > 1): this step checkpointed, to L1
+                preempt.boundary(ctx, checkpointer, trainer, result.step, settle=settle if overlap else None,
+                                 saved=result.step % every == 0 or result.step == steps)
         except Exception as err:  # noqa: BLE001 - classified below
             if not is_collective_error(err) or ctx.catalog is None:
                 raise

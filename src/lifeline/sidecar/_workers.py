@@ -102,20 +102,28 @@ class Replicator:
                     break
                 newer.append(nxt)
             batch = [h, *newer]
-            shards = [x for x in batch if x.kind == "shard"]
-            for old in shards[:-1]:
-                self.memory.unpin(old)
-            for item in [x for x in batch if x.kind != "shard"] + shards[-1:]:
-                if isinstance(item, CoverageMark):
-                    self._cover(item)
-                    continue
-                try:
-                    if not self._one(item, conns) and item.kind == "ulog":
-                        self.hole = max(self.hole, item.step + 1)  # iteration i is step i + 1
-                finally:
-                    self.memory.unpin(item)
+            try:
+                self._batch(batch, conns)
+            finally:  # the queue's unfinished tasks count what is not replicated yet (a draining sidecar waits)
+                for _ in batch:
+                    self.items.task_done()
         for c in conns.values():
             c.close()
+
+    def _batch(self, batch: list, conns: dict[int, PeerClient]) -> None:
+        """Replicate every upstream-log entry (and coverage mark) of ``batch`` and its newest shard."""
+        shards = [x for x in batch if x.kind == "shard"]
+        for old in shards[:-1]:
+            self.memory.unpin(old)
+        for item in [x for x in batch if x.kind != "shard"] + shards[-1:]:
+            if isinstance(item, CoverageMark):
+                self._cover(item)
+                continue
+            try:
+                if not self._one(item, conns) and item.kind == "ulog":
+                    self.hole = max(self.hole, item.step + 1)  # iteration i is step i + 1
+            finally:
+                self.memory.unpin(item)
 
     def _cover(self, mark: CoverageMark) -> None:
         first = max(mark.first, self.hole + 1)

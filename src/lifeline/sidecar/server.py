@@ -13,7 +13,8 @@ Threads (all daemons, stopped by :meth:`Sidecar.stop`):
 * ``replicator`` / ``persister`` / ``heartbeat`` — :mod:`._workers`.
 * ``http`` — ``/metrics`` and ``/healthz``.
 
-:func:`run_sidecar` runs one until SIGTERM/SIGINT.
+:func:`run_sidecar` runs one until SIGTERM/SIGINT; after a SIGTERM with ``LIFELINE_PREEMPT_GRACE_SECONDS`` > 0 it
+keeps serving until its trainer left (:mod:`._drain`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,7 @@ from lifeline.catalog import Catalog, SidecarRegistration
 from lifeline.checkpoint import Storage, StorageOptions, SupportsUploader, Uploader, storage_from_uri
 from lifeline.errors import ChecksumError
 from lifeline.sidecar import _format, _peer_conn, _trainer_conn
+from lifeline.sidecar._drain import drain
 from lifeline.sidecar._link import CatalogLink
 from lifeline.sidecar._memory import Memory
 from lifeline.sidecar._peers import Peers
@@ -85,6 +88,7 @@ class Sidecar:
         self.persist_due = PersistDue(self.memory)
         self._threads: list[threading.Thread] = []
         self._sealing = 0  # committed slots not yet sealed and filed
+        self._trainers = 0  # trainer connections open (a draining sidecar waits for none)
         self._sockets: list[socket.socket] = []
         self.http = None
         self.peer_port = 0
@@ -207,6 +211,9 @@ class Sidecar:
                              name=f"sidecar-{self.rank}-conn").start()
 
     def _handle(self, handler: Callable, conn: socket.socket, addr: Any) -> None:
+        trainer = handler is _trainer_conn.serve_trainer
+        with self.store.cond:
+            self._trainers += trainer
         try:
             handler(self, conn, addr)
         except Exception:  # one connection never takes the sidecar down
@@ -216,6 +223,19 @@ class Sidecar:
                 conn.close()
             except OSError:
                 pass
+            with self.store.cond:
+                self._trainers -= trainer
+
+    def trainer_connections(self) -> int:
+        """Trainer connections open on the Unix socket (one per live trainer client)."""
+        with self.store.cond:
+            return self._trainers
+
+    def replication_idle(self) -> bool:
+        """Every committed slot is sealed and every queued copy was sent (or given up) to the peers."""
+        with self.store.cond:
+            sealing = self._sealing
+        return sealing == 0 and self.repl_q.unfinished_tasks == 0
 
     def stop(self, *, unlink: bool = True) -> None:
         """Stop every thread, close sockets and the arena (removing its files when ``unlink``)."""
@@ -322,15 +342,21 @@ class Sidecar:
 
 
 def run_sidecar(settings: SidecarSettings) -> None:
-    """Run a sidecar until SIGTERM or SIGINT (the ``python -m lifeline sidecar`` entry point)."""
+    """Run a sidecar until SIGTERM or SIGINT (the ``python -m lifeline sidecar`` entry point). After a SIGTERM
+    with ``settings.preempt_grace_seconds`` > 0 it first drains (:func:`lifeline.sidecar._drain.drain`)."""
     sc = Sidecar(settings).start()
     done = threading.Event()
+    got: list[tuple[int, float]] = []
 
     def _stop(signum, frame):
+        got.append((signum, time.monotonic()))
         done.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     done.wait()
+    signum, since = got[0]
+    if signum == signal.SIGTERM and settings.preempt_grace_seconds > 0:
+        drain(sc, settings.preempt_grace_seconds, since=since)
     log.info("sidecar stopping")
     sc.stop(unlink=True)

@@ -13,6 +13,7 @@ by buffer slot, so the log is the same whatever the schedule.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,7 @@ class PipelineStep:
         self.clear()
         self._lm_total = torch.zeros(())
         self._aux_total = 0.0
+        self.wait_seconds = 0.0  # in live sends and receives this step (the straggler scores read it)
         peak = 0
         for op in self.ops:
             if isinstance(op, Compute):
@@ -81,6 +83,9 @@ class PipelineStep:
             else:
                 self._exchange(op)
         return StepTotals(self._lm_total, self._aux_total, peak)
+
+    wait_seconds: float = 0.0
+    """Seconds the last :meth:`run` spent in live sends and receives (waiting for the neighbours included)."""
 
     def clear(self) -> None:
         """Drop what an interrupted step left (saved activations and their graphs, tensors in transit)."""
@@ -127,6 +132,7 @@ class PipelineStep:
                 tensors.append(self._outbox.pop((t.direction, t.micro_batch)))
             else:
                 tensors.append(torch.empty(cfg.micro_batch, cfg.seq_len, cfg.d_model))
+        began = time.perf_counter()
         if live and len(tensors) == 1:
             t, tensor = op.transfers[0], tensors[0]
             (dist.send if t.send else dist.recv)(tensor, self._peer(t))
@@ -135,6 +141,7 @@ class PipelineStep:
             works += [dist.isend(x, self._peer(t)) for t, x in zip(op.transfers, tensors) if t.send]
             for work in works:
                 work.wait()
+        self.wait_seconds += time.perf_counter() - began
         for t, tensor in zip(op.transfers, tensors):
             if t.send:
                 self.record(self._it, t.micro_batch, t.direction, tensor)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,13 +58,16 @@ class StepResult:
     """One optimizer step: ``step`` completed steps after it, ``loss`` the language-model cross
     entropy (nats/token, mean over data-parallel replica groups; ``None`` except on the last
     stage), ``aux_loss`` the stage's load-balancing loss (mean over micro-batches), ``tokens`` the
-    tokens the whole job trained on in this step, ``seconds`` the step's wall time."""
+    tokens the whole job trained on in this step, ``seconds`` the step's wall time, ``wait_seconds`` the
+    part of it spent in the step's collectives (gradient all-reduce, clipping's all-gather, pipeline
+    sends and receives: waiting for slower ranks included; the straggler scores, docs/stragglers.md)."""
 
     step: int
     loss: float | None
     aux_loss: float
     tokens: int
     seconds: float
+    wait_seconds: float = 0.0
 
 
 def deterministic_cpu(threads: int = 1) -> None:
@@ -154,6 +158,8 @@ class GPTMoETrainer:
         """Called once per step after the backward pass and before the optimizer update writes the
         state: the runtime joins an overlapped checkpoint copy there (CheckFreq, FAST'21 §4.2)."""
         self._contributors = [r for r in range(layout.world_size) if layout.coords(r).data == 0]
+        self._numerics: tuple[float | None, float | None] = (None, None)
+        self._clip_local = 0.0
 
     @property
     def step(self) -> int:
@@ -233,6 +239,19 @@ class GPTMoETrainer:
         self.pipeline.clear()
         self._zero_grad()
 
+    def step_numerics(self) -> tuple[float | None, float | None]:
+        """The step in progress's ``(loss, grad_norm)`` from its ``before_update`` on: the loss as the
+        step reports it (nats/token; ``None`` off the last stage) and the global gradient L2 norm before
+        clipping (the contributors' sums of squares, as the clipping reads them). The runtime's numerics
+        check reads them (:class:`~lifeline.runtime._hooks.ChecksNumerics`)."""
+        return self._numerics
+
+    def skip_batch(self) -> None:
+        """Skip the next step's batch: the partial work of a stopped step is dropped (:meth:`abandon_step`)
+        and the data position, hence :attr:`step`, advances by one without an optimizer update."""
+        self.abandon_step()
+        self.loader.position += 1
+
     def expert_counts(self) -> dict[int, Tensor]:
         """Routing assignments of the last step per MoE layer of this stage: global layer index →
         int64 ``(n_experts,)`` (this rank's tokens, forward passes of every micro-batch). The
@@ -262,8 +281,11 @@ class GPTMoETrainer:
         totals = self.pipeline.run(it, inputs, targets, source)
         self.activations_in_flight = totals.in_flight
         lm_total, aux_total = totals.lm_total, totals.aux_total
+        began = time.perf_counter()  # the collectives below: a slow rank waits least in them
         loss = self._reduce_gradients(lm_total / m_count)
         self._clip(it, source)
+        waited = time.perf_counter() - began - self._clip_local + self.pipeline.wait_seconds
+        self._numerics = (loss if self.next is None else None, self._numerics[1])
         if self.before_update is not None:
             self.before_update()
         for group in self.optimizer.param_groups:
@@ -273,7 +295,7 @@ class GPTMoETrainer:
         self.loader.position += 1
         tokens = cfg.tokens_per_step * self.layout.data * self.layout.expert
         return StepResult(self.step, loss if self.next is None else None, aux_total / m_count, tokens,
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, waited)
 
     def _record(self, iteration: int, micro_batch: int, direction: str, tensor: Tensor) -> None:
         if self.log is not None:
@@ -281,7 +303,9 @@ class GPTMoETrainer:
 
     def _clip(self, iteration: int, source: ReplaySource | None) -> None:
         """Global gradient-norm clipping: every rank's sum of squares gathered (logged for replays)."""
+        began = time.perf_counter()
         local = local_sumsq(self._counted)
+        self._clip_local = time.perf_counter() - began  # computing, not waiting
         world = self.layout.world_size
         if source is not None:
             sumsq = torch.empty(world, dtype=torch.float64)
@@ -300,6 +324,7 @@ class GPTMoETrainer:
             sumsq = torch.tensor([local], dtype=torch.float64)
         if self.log is not None and world > 1:
             self.log.record(iteration, 0, "norm", sumsq)
+        self._numerics = (None, math.sqrt(sum(float(sumsq[r]) for r in self._contributors)))
         apply_clip(self.params, clip_coefficient(self.cfg.grad_clip, sumsq, self._contributors))
 
     def _reduce_gradients(self, loss: Tensor) -> float:
