@@ -98,6 +98,17 @@ REGRESSIONS: list[Regression] = [
                fixed="a flip waits for the catalog and the rank's registration, running the round's service "
                "watch itself (Faults._await_catalog; tests/launch/test_chaos_units.py::"
                "test_a_flip_after_a_redis_restart_waits_for_the_catalog_and_restarts_redis_itself)"),
+    Regression(3077, 4, "a MinIO outage and an L2 flip at the same step (campaign of 2026-11-28): the flip listed the "
+               "storage in the round of the outage ('corrupted no copy: StorageError: list failed ... Connection "
+               "refused')", fixed="an L2 flip waits out the run's own MinIO outage, ticking the round's service "
+               "watch (Faults._await_minio; tests/launch/test_chaos_units.py::"
+               "test_an_l2_flip_waits_out_the_minio_outage_of_its_round)"),
+    Regression(3074, 4, "data 2 x expert 2, persist.every 6: a MinIO outage at step 6 held rank 0's upload of step 6 "
+               "until its node was lost at step 7, so no step was committed before 12; the L2 flip at step 8 found "
+               "none and failed the trial ('corrupted no copy: no step committed to L2'; campaign of 2026-11-28)",
+               fixed="an L2 flip that finds no committed step is moot when the catalog records no L2 copy of the "
+               "rank, as L0/L1 flips are (Faults._moot; tests/launch/test_chaos_units.py::"
+               "test_verdict_names_each_failed_check, a moot flip passes)"),
     Regression(11, 3, "pipelining-moe, 3 stages, 1F1B, 6 micro-batches: after two L2 flips a Rollback to the initial "
                "state failed verification in a process started later ('differs from the copy saved at step 1'): "
                "the example never seeded Python's random, whose state is part of every checkpoint; a third plan "

@@ -226,3 +226,34 @@ def test_a_flip_after_a_redis_restart_waits_for_the_catalog_and_restarts_redis_i
     assert Faults(sup)._await_catalog(2, limit=5.0) and sup.ticks == 1
     never = _Sup(restarts=False)
     assert not Faults(never)._await_catalog(2, limit=0.2) and never.ticks >= 2
+
+
+def test_an_l2_flip_waits_out_the_minio_outage_of_its_round():
+    """Fuzz seed 3077: ``minio:step=6`` and ``flip:...:step=6:tier=L2`` fire in one round; the flip listed
+    the storage while MinIO was down. It now waits for the outage's restart, ticking the round's watch."""
+    import time as _time
+
+    from lifeline.launch.faults import Faults
+
+    class _Watch:
+        def __init__(self, faults_ref: list) -> None:
+            self.ticks, self.faults_ref = 0, faults_ref
+
+        def tick(self) -> None:  # the watch restarts MinIO once the outage is over, then clears the mark
+            self.ticks += 1
+            f = self.faults_ref[0]
+            if f.minio_down_until is not None and _time.time() >= f.minio_down_until:
+                f.minio_down_until = None
+
+    ref: list = []
+    sup = type("Sup", (), {})()
+    sup.watch = _Watch(ref)
+    faults = Faults(sup)
+    ref.append(faults)
+    faults.minio_down_until = _time.time() + 0.3
+    faults._await_minio(limit=5.0)
+    assert faults.minio_down_until is None and sup.watch.ticks >= 2
+    faults.minio_down_until = _time.time() + 60  # an outage longer than the limit: the wait ends anyway
+    t0 = _time.monotonic()
+    faults._await_minio(limit=0.2)
+    assert _time.monotonic() - t0 < 2.0 and faults.minio_down_until is not None

@@ -275,8 +275,10 @@ class Faults:
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup
         found = sup.services.storage()
+        self._await_minio()
         if found is None or not self._committed(found, L2_WAIT_SECONDS):
             rec.note = "no step committed to L2"
+            self._moot(inj, rec, "L2")  # e.g. an outage held a rank's upload until its node went (seed 3074)
             return
         rec.at = time.time()  # the fault starts here (after waiting for a checkpoint to flip)
         # only L2 may hold the shard: the rank's node goes, and so do the nodes of its replicas; first,
@@ -293,6 +295,15 @@ class Faults:
         c = max(chunks, key=lambda c: (c.byte_length, -c.byte_offset))
         key = _flip.flip_stored(storage, prefix, sup.name, step, inj.rank, c.byte_offset + c.byte_length // 2)
         rec.copies.append({"step": step, "rank": inj.rank, "tier": "L2", "holder": None, "where": key})
+
+    def _await_minio(self, limit: float = L2_WAIT_SECONDS) -> None:
+        """Wait out a ``minio`` outage this run injected (at most ``limit`` seconds): an L2 flip reads the
+        storage, and one fired in the round of the outage found MinIO down (fuzz seed 3077). The flip
+        holds up the round whose service watch starts MinIO's restart, so it ticks the watch itself."""
+        deadline = time.monotonic() + limit
+        while self.minio_down_until is not None and time.monotonic() < deadline:
+            self.sup.watch.tick()  # starts the restart (in the background) once the outage is over
+            time.sleep(0.05)
 
     def _settled(self, found: tuple, quiet: float = 2.0, limit: float = 10.0) -> list[int]:
         """The committed steps once they did not change for ``quiet`` seconds (a commit under way when

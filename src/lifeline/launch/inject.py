@@ -56,7 +56,7 @@ the rank (any rank, for the service kinds) reported ``step`` or later while a re
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from lifeline.errors import ConfigError
@@ -205,6 +205,20 @@ def due(pending: list[Injection], reached: dict[int, int], *, recovering: bool =
 _FIELDS = ("rank", "step", "tier", "seconds", "when", "transient", "factor")
 
 
+def _number(values: dict[str, str], key: str, low: float, high: float, bad: Callable[[str], ConfigError]
+            ) -> float | None:
+    """``values[key]`` as a number in ``(low, high]`` (``None`` when absent); ``bad(message)`` otherwise."""
+    if key not in values:
+        return None
+    try:
+        number = float(values[key])
+    except ValueError:
+        raise bad(f"{key} must be a number") from None
+    if not low < number <= high:
+        raise bad(f"{key} {number:g} outside ({low:g}, {high:g}]")
+    return number
+
+
 def parse_injection(text: str, *, world_size: int | None = None, steps: int | None = None) -> Injection:
     """Parse ``KIND:rank=R:step=S[:tier=T][:seconds=D][:transient=1][:when=recovery]`` (fields in any order
     after the kind).
@@ -255,14 +269,7 @@ def parse_injection(text: str, *, world_size: int | None = None, steps: int | No
         raise bad(f"{kind} acts from its step on, in the trainer: leave out when")
     if "factor" in values and kind != "slow":
         raise bad("factor applies to slow only")
-    factor = None
-    if "factor" in values:
-        try:
-            factor = float(values["factor"])
-        except ValueError:
-            raise bad("factor must be a number") from None
-        if not 1 < factor <= 100:
-            raise bad(f"factor {factor:g} outside (1, 100]")
+    factor = _number(values, "factor", 1, 100, bad)
     rank, step = int(values.get("rank", 0)), int(values["step"])
     if rank < 0 or (world_size is not None and rank >= world_size):
         raise ConfigError(f"--inject-failure {text!r}: rank {rank} outside [0, {world_size})", field="--inject-failure")
@@ -275,14 +282,7 @@ def parse_injection(text: str, *, world_size: int | None = None, steps: int | No
     tier = values.get("tier")
     if tier is not None and tier not in TIERS:
         raise bad(f"tier {tier!r} is not one of {', '.join(TIERS)}")
-    seconds = None
-    if "seconds" in values:
-        try:
-            seconds = float(values["seconds"])
-        except ValueError:
-            raise bad("seconds must be a number") from None
-        if not 0 < seconds <= 600:
-            raise bad(f"seconds {seconds:g} outside (0, 600]")
+    seconds = _number(values, "seconds", 0, 600, bad)
     when = values.get("when")
     if when is not None and when != "recovery":
         raise bad(f"when={when!r}: the only moment is when=recovery")
