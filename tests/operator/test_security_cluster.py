@@ -229,8 +229,9 @@ def test_the_jobs_disruption_budget_lets_evictions_take_one_pod_at_a_time(devclu
     """The real apiserver's Eviction API under the job's PodDisruptionBudget (the disruption controller of
     the dev cluster's kube-controller-manager counts the healthy pods): as ``kubectl drain`` does, the
     first eviction of a job's pod passes, the second is refused (429) while the first pod is not back."""
-    import time
     from types import SimpleNamespace
+
+    from lifeline._poll import wait_for
 
     api = devcluster.api_client()
     core = client.CoreV1Api(api)
@@ -243,13 +244,12 @@ def test_the_jobs_disruption_budget_lets_evictions_take_one_pod_at_a_time(devclu
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [
                 {"name": "trainer", "image": "python:3.11", "command": ["python", "-c", "import time; time.sleep(600)"]}]}})
     policy = client.PolicyV1Api(api)
-    deadline = time.monotonic() + 90
-    while True:
+
+    def budget_counts_both_pods() -> bool:
         st = policy.read_namespaced_pod_disruption_budget(disruption_budget_name("gpt-moe"), namespace).status
-        if st is not None and st.current_healthy == 2 and st.disruptions_allowed == 1:
-            break
-        assert time.monotonic() < deadline, st
-        time.sleep(0.5)
+        return st is not None and st.current_healthy == 2 and st.disruptions_allowed == 1
+
+    wait_for(budget_counts_both_pods, timeout=90, what="the budget to count both pods", interval=0.5)
 
     def evict(name: str) -> None:
         core.create_namespaced_pod_eviction(name, namespace, client.V1Eviction(

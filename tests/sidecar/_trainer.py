@@ -78,10 +78,14 @@ def _preempt(settings: TrainerSettings, client: SidecarClient, first: int, last:
         signal.pause()
     client.save(step, state_at(step, settings.rank))
     catalog = Catalog(settings.redis_url, settings.job, settings.world_size)
-    l1 = False
-    while not l1 and time.monotonic() < got[0] + 20:
-        l1 = any(h.tier == "L1" and h.holder != settings.rank for h in catalog.holders(step, settings.rank))
-        time.sleep(0.02)
+    from lifeline._poll import wait_for
+
+    try:
+        l1 = wait_for(lambda: any(h.tier == "L1" and h.holder != settings.rank
+                                  for h in catalog.holders(step, settings.rank)),
+                      timeout=max(0.0, got[0] + 20 - time.monotonic()), what="an L1 copy", interval=0.02)
+    except TimeoutError:
+        l1 = False
     print(json.dumps({"step": step, "l1": l1, "seconds": round(time.monotonic() - got[0], 3)}), flush=True)
     return 143
 
