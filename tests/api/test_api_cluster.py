@@ -51,6 +51,15 @@ def body() -> dict:
     return yaml.safe_load(EXAMPLE.read_text())
 
 
+def _cells(table: str) -> dict[str, str]:
+    """The one row of ``kubectl get`` output, by column: each cell read at its header's offset."""
+    header, row = table.splitlines()[:2]
+    names = header.split()
+    starts = [header.index(name) for name in names]
+    ends = [*starts[1:], len(row)]
+    return {name: row[start:end].strip() for name, start, end in zip(names, starts, ends)}
+
+
 def test_example_is_accepted_and_defaulted(devcluster, crd, namespace):
     devcluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE))
     stored = json.loads(devcluster.kubectl("get", "trainingjob", "gpt-moe", "-n", namespace, "-o", "json"))
@@ -60,15 +69,18 @@ def test_example_is_accepted_and_defaulted(devcluster, crd, namespace):
     job = load_trainingjob(stored)  # what the API server stores, the Python models read
     assert job.spec == load_trainingjob(EXAMPLE).spec
     table = devcluster.kubectl("get", "tj", "-n", namespace)
-    assert table.split()[:7] == ["NAME", "PHASE", "STEP", "COMPLETE", "RESTARTS", "RECOVERY", "AGE"]
+    assert table.split()[:8] == ["NAME", "PHASE", "STEP", "COMPLETE", "RESTARTS", "RECOVERY", "STRAGGLERS", "AGE"]
     assert "gpt-moe" in table
-    # the rung of the latest recovery shows in its column
+    # the rung of the latest recovery and the rank flagged last show in their columns
     record = {"generation": 1, "kind": "LocalizedReplay", "startedAt": "2026-01-01T00:00:00Z"}
+    flagged = {"generation": 1, "relative": 2.0, "individual": 2.0, "computeSeconds": 0.2, "steps": [3, 12]}
     devcluster.kubectl("patch", "trainingjob", "gpt-moe", "-n", namespace, "--subresource=status", "--type=merge",
-                       "-p", json.dumps({"status": {"phase": "Running", "recoveries": [
-                           {**record, "kind": "RestartInPlace", "generation": 0}, record]}}))
-    row = devcluster.kubectl("get", "tj", "gpt-moe", "-n", namespace, "--no-headers").split()
-    assert row[-2] == "LocalizedReplay" and "RestartInPlace" not in row, row  # the newest record, before AGE
+                       "-p", json.dumps({"status": {
+                           "phase": "Running", "recoveries": [{**record, "kind": "RestartInPlace", "generation": 0}, record],
+                           "stragglers": [{**flagged, "rank": 1}, {**flagged, "rank": 3}]}}))
+    cells = _cells(devcluster.kubectl("get", "tj", "gpt-moe", "-n", namespace))
+    assert cells["RECOVERY"] == "LocalizedReplay", cells  # the newest record
+    assert cells["STRAGGLERS"] == "3", cells  # the rank flagged last
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def test_crd_metadata():
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0]
-    assert columns == ["Phase", "Step", "Complete", "Restarts", "Recovery", "Age"]
+    assert columns == ["Phase", "Step", "Complete", "Restarts", "Recovery", "Stragglers", "Age"]
 
 
 def test_schema_keeps_defaults_and_descriptions(schema):

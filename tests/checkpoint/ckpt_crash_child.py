@@ -23,6 +23,16 @@ def model_for(step: int):
     return build_model(seed=step, t_lcm=2, e_lcm=1, hidden=64, vocab=1000, layers=2, dtype=torch.float32)
 
 
+def _say(line: str) -> None:
+    """Write ``line`` and its newline in one ``write`` (atomic on a pipe below PIPE_BUF bytes).
+
+    ``print`` writes the text and the newline in two ``write`` calls when stdout is unbuffered
+    (``PYTHONUNBUFFERED=1``, as on the CI machine): a saver killed between the two left ``saving 142``
+    without its newline, the zygote's ``reaped`` was appended to it, and the test waited for a
+    ``reaped`` line forever (CI of stop 38: 900 s, then pytest-timeout)."""
+    os.write(1, (line + "\n").encode())
+
+
 def saver(root: str, start: int) -> None:
     torch.set_num_threads(1)
     storage = FilesystemStorage(root, fsync=True)
@@ -30,9 +40,9 @@ def saver(root: str, start: int) -> None:
     while True:
         model = model_for(step)
         states = states_for(model, LAYOUT)
-        print(f"saving {step}", flush=True)
+        _say(f"saving {step}")
         save_states(storage, "ck", "job", step, LAYOUT, model.rules, states, block_size=4096)
-        print(f"saved {step}", flush=True)
+        _say(f"saved {step}")
         step += 1
 
 
@@ -48,6 +58,6 @@ if __name__ == "__main__":
                 saver(root, int(arg))
             finally:
                 os._exit(1)
-        print(f"pid {pid}", flush=True)
+        _say(f"pid {pid}")
         os.waitpid(pid, 0)
-        print("reaped", flush=True)
+        _say("reaped")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,20 +21,61 @@ from lifeline.checkpoint import FilesystemStorage, consolidate, list_steps, veri
 HERE = Path(__file__).parent
 
 
-def _wait_for_line(proc: subprocess.Popen, prefix: str, deadline_s: float, errors: Path) -> str:
-    """The next line of the zygote's stdout starting with ``prefix``. A saver that exits before it was
-    killed ("reaped" while waiting for another line) fails the test with the zygote's stderr."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:  # EOF: the child is gone
-            proc.wait(timeout=30)
-            raise AssertionError(f"child exited with {proc.returncode}: {errors.read_text()[-4000:]}")
-        if line.startswith(prefix):
-            return line
-        if line.startswith("reaped"):
-            raise AssertionError(f"the saver exited before it was killed: {errors.read_text()[-4000:]}")
-    raise AssertionError(f"no {prefix!r} line within {deadline_s}s")
+def _states(pid: int) -> str:
+    """``pid`` and its children: state, kernel wait channel and stack (what a stuck wait waits on)."""
+    out = []
+    for p in [pid] + [int(c) for t in Path(f"/proc/{pid}/task").glob("*") for c in (t / "children").read_text().split()]:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{p}/wchan").read_text()
+            stack = " | ".join(Path(f"/proc/{p}/stack").read_text().split("\n")[:6]) if os.geteuid() == 0 else ""
+            out.append(f"{p} {stat} {wchan} {stack}")
+        except OSError as err:
+            out.append(f"{p}: {err}")
+    return "; ".join(out)
+
+
+class _Lines:
+    """The zygote's stdout lines through a reader thread, so that every wait has a deadline (a
+    blocking ``readline`` waited 900 s in CI for a ``reaped`` line that had been glued to a killed
+    saver's unfinished line: see ``ckpt_crash_child._say``), and a failure shows the last lines."""
+
+    def __init__(self, proc: subprocess.Popen, errors: Path):
+        self.proc, self.errors, self.queue = proc, errors, queue.Queue()
+        self.seen: collections.deque[str] = collections.deque(maxlen=40)  # what the last failure shows
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                self.seen.append(f"{time.monotonic():.3f} {line.strip()}")
+                self.queue.put(line)
+        finally:
+            self.seen.append(f"{time.monotonic():.3f} EOF")
+            self.queue.put("")  # EOF (or the reader failed: the error is in the thread's traceback)
+
+    def next(self, deadline_s: float) -> str:
+        """The next line ("" at EOF). Raises AssertionError naming the zygote's state after ``deadline_s``."""
+        try:
+            return self.queue.get(timeout=deadline_s)
+        except queue.Empty:
+            raise AssertionError(f"no line from the zygote within {deadline_s}s (now {time.monotonic():.3f}); "
+                                 f"processes: {_states(self.proc.pid)}; last lines: {list(self.seen)}; "
+                                 f"stderr: {self.errors.read_text()[-4000:]}") from None
+
+    def wait_for(self, prefix: str, deadline_s: float) -> str:
+        """The next line starting with ``prefix``. A saver that exits before it was killed ("reaped"
+        while waiting for another line) fails the test with the zygote's stderr."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            line = self.next(max(0.0, deadline - time.monotonic()))
+            if not line:  # EOF: the child is gone
+                self.proc.wait(timeout=30)
+                raise AssertionError(f"child exited with {self.proc.returncode}: {self.errors.read_text()[-4000:]}")
+            if line.startswith(prefix):
+                return line
+            if line.startswith("reaped"):
+                raise AssertionError(f"the saver exited before it was killed: {self.errors.read_text()[-4000:]}")
 
 
 def test_sigkill_during_saves_never_exposes_a_torn_checkpoint(tmp_path):
@@ -42,6 +86,7 @@ def test_sigkill_during_saves_never_exposes_a_torn_checkpoint(tmp_path):
     zygote = subprocess.Popen([sys.executable, str(HERE / "ckpt_crash_child.py"), str(tmp_path / "root")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors.open("w"), text=True,
                               env=env)
+    lines = _Lines(zygote, errors)
     committed: list[int] = []
     killed_mid_save = 0
     try:
@@ -49,13 +94,13 @@ def test_sigkill_during_saves_never_exposes_a_torn_checkpoint(tmp_path):
             start = (committed[-1] + 1) if committed else 1
             zygote.stdin.write(f"run {start}\n")
             zygote.stdin.flush()
-            pid = int(_wait_for_line(zygote, "pid", 120, errors).split()[1])
-            _wait_for_line(zygote, "saving", 60, errors)
+            pid = int(lines.wait_for("pid", 120).split()[1])
+            lines.wait_for("saving", 60)
             time.sleep(rng.uniform(0.0, 0.3))  # the random moment of the crash is the point of the test
             os.kill(pid, signal.SIGKILL)
             last = ""
             while True:
-                line = zygote.stdout.readline()
+                line = lines.next(120)  # a SIGKILLed saver is reaped at once; 120 s is for a loaded machine
                 assert line, f"the zygote exited: {errors.read_text()[-4000:]}"
                 if line.startswith("reaped"):
                     break

@@ -35,3 +35,7 @@ def test_measured_rows_are_consistent_with_the_trainer_s_state():
         assert w["with_dense_every"] == expect["with_dense_every"]
     (w4,) = row["by_window"]
     assert w4["window"] == 4 and w4["bytes_reduction"] > 1 and w4["dense_every_break_even"] is not None
+    # FROZEN copies in the bfloat16 compute dtype (the default) cost less than fp32 ones of the same schedule
+    assert row["compute_dtype"] == "bfloat16" and row["frozen_bytes_per_param"] == 2
+    (fp32,) = row["frozen_fp32"]["by_window"]
+    assert fp32["window"] == 4 and w4["sparse_bytes_per_step"] < fp32["sparse_bytes_per_step"] < row["dense_bytes_per_step"]

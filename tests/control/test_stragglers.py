@@ -13,7 +13,8 @@ import random
 import pytest
 
 from lifeline.api import load_trainingjob
-from lifeline.control.stragglers import detect_stragglers, samples_of
+from lifeline.api import LayoutSpec, StragglerSpec
+from lifeline.control.stragglers import HISTORY_WINDOWS, StragglerWatch, detect_stragglers, samples_of
 from lifeline.errors import ConfigError
 from lifeline.launch import _slow as launch_slow
 from lifeline.launch.inject import SLOW_FACTOR, parse_injection
@@ -164,3 +165,53 @@ def test_ranks_are_compared_within_their_pipeline_stage_and_samples_come_from_re
 
     reports = [Report(0, 1, {"4": 0.5, "5": "x"}), Report(1, 0, {"4": 0.1}), Report(2, 1, None), Report(5, 1, {"1": 1})]
     assert samples_of(reports, 1, 4) == {0: {4: 0.5}}
+
+
+class _Report:
+    """A progress report as :func:`samples_of` reads it (``lifeline.catalog.ProgressReport``'s surface)."""
+
+    def __init__(self, rank, generation, timings):
+        self.rank, self.generation, self.timings = rank, generation, timings
+
+    def get(self, name, default=None):
+        return self.timings if name == "timings" else default
+
+
+class _View:
+    def __init__(self, generation, reports):
+        self.generation, self.reports = generation, {r.rank: r for r in reports}
+
+
+def _round(generation, first, last, slow=None, world=4):
+    """A catalog read whose reports carry steps ``first..last``: 10 ms each, ``slow`` rank 20 ms."""
+    return _View(generation, [_Report(r, generation, {str(s): 0.02 if r == slow else 0.01
+                                                       for s in range(first, last + 1)}) for r in range(world)])
+
+
+def test_the_watch_merges_rounds_flags_a_rank_once_per_generation_and_starts_afresh_in_a_new_one():
+    watch = StragglerWatch(StragglerSpec(threshold=1.5, window=3))
+    assert watch.observe(_round(1, 1, 2, slow=3), 4) is None  # 2 steps < window: no verdict yet
+    verdict = watch.observe(_round(1, 3, 3, slow=3), 4)  # the reports bring step 3 only: merged with 1-2
+    assert verdict is not None and verdict.steps == (1, 2, 3) and verdict.stragglers == (3,)
+    assert [s.rank for s in watch.flag(verdict)] == [3] and set(watch.flagged) == {3}
+    assert watch.flagged[3].relative == pytest.approx(2.0)
+    assert watch.observe(_round(1, 3, 3, slow=3), 4) is None  # nothing newer to judge
+    verdict = watch.observe(_round(1, 4, 4, slow=3), 4)
+    assert verdict.stragglers == (3,) and watch.flag(verdict) == []  # flagged once per generation
+    for step in range(5, 5 + HISTORY_WINDOWS * 3 + 2):  # samples kept: HISTORY_WINDOWS windows per rank
+        watch.observe(_round(1, step, step, slow=3), 4)
+    assert len(watch.samples[0]) == HISTORY_WINDOWS * 3
+    assert watch.observe(_round(2, 1, 2, slow=1), 4) is None and watch.samples[0] == {1: 0.01, 2: 0.01}
+    assert watch.flagged == {} and watch.generation == 2  # a new generation: judged afresh
+    verdict = watch.observe(_round(2, 3, 3, slow=1), 4)
+    assert [s.rank for s in watch.flag(verdict)] == [1]
+
+
+def test_the_watch_compares_ranks_within_their_pipeline_stage_when_it_knows_the_layout():
+    watch = StragglerWatch(StragglerSpec(threshold=1.5, window=2))
+    view = _View(0, [_Report(r, 0, {"1": t, "2": t}) for r, t in enumerate((0.01, 0.01, 0.02, 0.02))])
+    assert watch.observe(view, 4).stragglers == (2, 3)  # no layout: stage 1's more work looks slow
+    watch = StragglerWatch(StragglerSpec(threshold=1.5, window=2))
+    watch.layout = LayoutSpec(pipeline=2, data=2)
+    assert watch.group_of(4) == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert watch.observe(view, 4).stragglers == ()

@@ -11,7 +11,6 @@ import pytest
 
 from _dc_helpers import apply, await_, phase, pod
 from lifeline.devcluster import DevCluster, Ports
-from lifeline.devcluster._proc import alive
 from lifeline.errors import ClusterError, ConfigError
 
 pytestmark = pytest.mark.cluster
@@ -45,12 +44,12 @@ def test_down_leaves_no_process_and_no_file_outside_state_dir(tmp_path):
                                container={"volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}))
         await_(lambda: phase(cluster, ns, "holder") == "Running", timeout=60, what="pod holder running")
         await_(lambda: list(cluster.shm_root.glob("*/*/shm/f")), timeout=30, what="file in the Memory emptyDir")
-        pids = dict(cluster._state["pids"])
-        pod_pgids = cluster._pod_process_groups("node-1")
-        assert pod_pgids and all(alive(p) for p in [*pids.values(), *pod_pgids])
+        procs = [cluster._store.process(n) for n in cluster._state["pids"]]
+        pod_groups = cluster._pod_process_groups("node-1")
+        assert pod_groups and all(p.alive() for p in [*procs, *pod_groups])
     finally:
         cluster.down()
-    assert not [p for p in [*pids.values(), *pod_pgids] if alive(p)]
+    assert not [p for p in [*procs, *pod_groups] if p.alive()]
     assert not cluster.shm_root.exists()
     assert not os.path.exists(f"/dev/shm/lifeline-net-{cluster._state['net']}")  # pod-IP block released
     assert not [f for f in os.listdir("/dev/shm") if cluster._state["id"] in f]

@@ -1,7 +1,7 @@
 """Every seed the differential fuzzer (``lifeline bench fuzz``) ever failed on, kept as a named regression case.
 
 Each entry replays exactly the trial that failed: ``lifeline bench fuzz --seed SEED --trials 1
---max-world MAX_WORLD`` (with ``--model MODEL`` when it is not the reference model; tests/fuzz/test_fuzz.py
+--max-world MAX_WORLD --draws DRAWS`` (with ``--model MODEL`` when it is not the reference model; tests/fuzz/test_fuzz.py
 runs each as its own test id). Add a seed when a
 trial fails (in CI or by hand), with what it found; never remove one — a fixed bug stays fixed.
 """
@@ -24,6 +24,9 @@ class Regression(NamedTuple):
     whose budget (issue 23) has room for the others only; its fix is pinned by the unit test named."""
     model: str = "gpt-moe"
     """Whose draws (``lifeline bench fuzz --model``): ``gpt-moe`` or ``pipelining-moe``."""
+    draws: int = 1
+    """The draw version the seed failed under (``lifeline bench fuzz --draws``): 1 for every seed found
+    before 2026-11-29 (version 2 added ``compute_dtype``); a new seed names the version it failed with."""
 
 
 REGRESSIONS: list[Regression] = [
@@ -128,4 +131,49 @@ REGRESSIONS: list[Regression] = [
                fixed="the engine falls back on the state step the runner last saw (Record.state_step) and the "
                "launcher writes back the latest complete step (Catalog.restore_complete_step; "
                "tests/control/test_lost_progress.py)", model="pipelining-moe"),
+    Regression(3085, 4, "data 4, every 1, keep 1: a hang's RestartInPlace named the L0 copies of step 10, and saves of "
+               "step 11 sealed after the plan's catalog read evicted them ('no verified copy of step 10 rank 2'; a "
+               "second recovery followed; campaign of 2026-11-28)",
+               fixed="lifeline run and the operator spare the step of every plan that reads memory before publishing "
+               "it (RecoveryPlan.reads_memory; tests/sidecar/test_spare.py::"
+               "test_lifeline_run_spares_the_step_of_a_recovery_plan_that_reads_memory)"),
+    Regression(3089, 4, "pipeline 2, localized replay: rank 0's node was lost (its log of steps 6..9 then lived only "
+               "as a replica in rank 1's sidecar), then rank 1's sidecar was killed and stage 1's replay from L2 step 6 "
+               "was planned from that log ('upstream log ... of rank 0 is not held anywhere'; a Rollback followed; "
+               "campaign of 2026-11-28)",
+               fixed="a plan applies the loss of the logs its failures' sidecars held (UpstreamLog.after_losing) and "
+               "the catalog records it with the plan (logs:gone, logs:floor; tests/control/test_lost_logs.py)"),
+    Regression(3220, 4, "data 3: a node loss of rank 2 (the only holder of rank 1's L1 copy) and an L1 flip of rank 1 "
+               "at the same step: the flip found no copy, the catalog still recorded rank 2's, so the harness "
+               "counted a failed corruption ('corrupted no copy'), not a moot flip; the job itself rolled back to "
+               "L2, bit-identical (a harness defect; campaign of 2026-11-29)",
+               fixed="a flip is moot when no live sidecar holds a recorded copy (launch.faults.held_copies; "
+               "tests/launch/test_chaos_units.py::test_a_flip_finds_copies_only_in_live_sidecars)"),
+    Regression(5098, 4, "pipeline 2 x expert 2, bf16 compute, keep 1, a MinIO outage at step 7: step 8 was superseded "
+               "by step 10 while rank 0's persister backed off, and both the offer and the persister unpinned it; its "
+               "pin count went to -1, the store never evicted it, and the trainer waited for an arena slot at step 12 "
+               "until the job was declared hung (then the same after the restart, the killed trainer's connection "
+               "still waiting with its restore pins; found 2026-11-29, the suspect of seed 3040)",
+               fixed="one owner per persistence pin (PersistDue.take/retry), an unpin never below zero, and a wait for "
+               "a slot ends when its trainer hangs up (tests/sidecar/test_pins.py)", draws=2),
+    Regression(3314, 4, "the run's summary raised ConfigError ('steps, stall and recovery time must be >= 0'): its "
+               "recoveries overlapped and their seconds summed past the wall time, and the fuzz campaign's process "
+               "ended with the trial (found 2026-11-29)",
+               fixed="the summary's ETTR terms are clamped to the wall time (launch.summary.ettr_terms; "
+               "tests/launch/test_chaos_units.py::test_the_run_summary_accounts_overlapping_recoveries_within_the_"
+               "wall_time)", draws=2),
+    Regression(3386, 4, "pipeline 2 x expert 2: a trainer kill of rank 0 and a node loss of rank 1 during its Rollback; "
+               "rank 0's trainer, restarted for generation 1, was still importing when generation 2 was published, "
+               "was killed as stuck 1.5 s later just after it began hosting generation 2's rendezvous store, and "
+               "ranks 2 and 3 failed on it ('its rendezvous store failed: ... Connection reset by peer'): a third "
+               "recovery without a fault (campaign of 2026-11-29)",
+               fixed="a trainer that has not reported since it started is starting, not stuck (launch._records."
+               "stuck_ranks; tests/launch/test_chaos_units.py::test_a_trainer_that_has_not_reported_since_it_"
+               "started_is_starting_not_stuck)", draws=2),
+    Regression(3405, 4, "data 3, bf16 compute, sparse window 4: a hang at step 3 made the job roll back and train step 3 "
+               "again, which was saved again, with the same bytes, into another arena slot; the L0 flip of rank 1 at "
+               "step 4 flipped only the first slot holding step 3, the restart restored the intact newer copy, and "
+               "the harness took that read for a corrupted copy restored without a report (campaign of 2026-11-29)",
+               fixed="an L0 flip reaches every slot that holds the step (launch.find_slots; tests/launch/"
+               "test_chaos_units.py::test_an_l0_flip_reaches_every_slot_that_holds_the_step)", draws=2),
 ]

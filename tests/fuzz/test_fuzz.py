@@ -105,7 +105,7 @@ def test_pipelining_trial_of_this_commit(refs, tmp_path):
                               + ("" if c.model == MODELS[0] else f"-{c.model}") for c in REGRESSION_CASES])
 def test_regression_seed(case, refs, tmp_path):
     _assert_passed(run_one(case.seed, root=tmp_path, refs=refs, max_world=case.max_world, timeout=CI_RUN_TIMEOUT,
-                           model=case.model))
+                           model=case.model, draws=case.draws))
 
 
 def test_every_regression_seed_is_fixed_and_names_the_test_of_its_fix():

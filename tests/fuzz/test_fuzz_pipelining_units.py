@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lifeline.bench._chaos_schedule import FAULTS
-from lifeline.bench._fuzz_draw import MAX_FAULTS, SHAPE_BLOCK, STEPS
+from lifeline.bench._fuzz_draw import DRAWS, MAX_FAULTS, SHAPE_BLOCK, STEPS
 from lifeline.bench._fuzz_draw import draw as draw_default
 from lifeline.bench._fuzz_pipelining import SCRIPT, draw
 from lifeline.bench.fuzz import MODELS, drawer, replay_command
@@ -98,14 +98,18 @@ def test_the_pipelining_draws_cover_every_dimension_setting_fault_and_moment():
 
 
 def test_the_default_models_draws_are_those_of_before():
-    """The CI trials and every regression seed of the reference model replay the same trials: the
-    describe() of seeds 0..63 at --max-world 8 and 4, pinned when --model was added."""
+    """Every regression seed of the reference model replays the same trial: the describe() of seeds
+    0..63 at --max-world 8 and 4 under draw version 1 (without the ``compute_dtype`` version 2 added,
+    float32 there), pinned when --model was added; the default drawer draws the newest version."""
     pins = {8: "a004785f621d8419554887c9b04ec398e91794a8c9b6d64b488a41a9df4029c7",
             4: "114252ce66b9b9187c3eb83921342e5cb8ee34a84ce77c5cf58695c7d22367a7"}
-    assert drawer() is draw_default and drawer(MODELS[0]) is draw_default
     for max_world, pin in pins.items():
-        got = json.dumps([draw_default(s, max_world=max_world).describe() for s in range(64)], sort_keys=True)
+        described = [draw_default(s, max_world=max_world, draws=1).describe() for s in range(64)]
+        assert {d.pop("compute_dtype") for d in described} == {"float32"}
+        got = json.dumps(described, sort_keys=True)
         assert hashlib.sha256(got.encode()).hexdigest() == pin
+        assert drawer(MODELS[0], 1)(5, max_world=max_world) == draw_default(5, max_world=max_world, draws=1)
+        assert drawer()(5, max_world=max_world).draws == DRAWS
 
 
 def test_the_model_option_names_its_draws_and_its_replay_command():

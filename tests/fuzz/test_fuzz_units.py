@@ -19,8 +19,9 @@ from lifeline.bench._fuzz_check import (
     time_bound,
     time_problems,
 )
-from lifeline.bench._fuzz_draw import MAX_FAULTS, SHAPE_BLOCK, STEPS, draw, layouts
+from lifeline.bench._fuzz_draw import DRAWS, MAX_FAULTS, SHAPE_BLOCK, STEPS, draw, layouts
 from lifeline.bench.fuzz import commit_seed, replay_command
+from lifeline.errors import ConfigError
 from lifeline.launch.spec import load_for_launch
 
 SEEDS = range(400)
@@ -59,7 +60,8 @@ def test_the_draws_cover_every_dimension_setting_fault_and_moment():
     seen: dict[str, Counter] = {}
     for seed in SEEDS:
         d = draw(seed, max_world=8).describe()
-        for k in ("schedule", "every", "persist_every", "keep", "sparse_window", "localized_replay", "elastic"):
+        for k in ("schedule", "every", "persist_every", "keep", "sparse_window", "localized_replay", "elastic",
+                  "compute_dtype"):
             seen.setdefault(k, Counter())[str(d[k])] += 1
         for dim, v in d["layout"].items():
             seen.setdefault(dim, Counter())[v] += 1
@@ -73,6 +75,7 @@ def test_the_draws_cover_every_dimension_setting_fault_and_moment():
     for dim in ("tensor", "pipeline", "data", "expert"):
         assert max(seen[dim]) > 1, f"{dim} is never > 1"
     assert set(seen["schedule"]) == {"gpipe", "1f1b"}
+    assert set(seen["compute_dtype"]) == {"float32", "bfloat16"}
     assert {"None", "2", "3", "4"} <= set(seen["sparse_window"])
     assert set(seen["localized_replay"]) == set(seen["elastic"]) == {"True", "False"}
     assert {"1", "2", "3"} <= set(seen["keep"]) and {"1", "2", "3"} <= set(seen["every"])
@@ -88,9 +91,56 @@ def test_layouts_respect_the_model_and_the_world_size():
     assert all(lay["tensor"] != 3 and lay["expert"] != 3 for lay in layouts(8))  # 3 divides neither 4 heads nor 4 experts
 
 
+def test_draw_version_1_is_version_2_without_the_compute_dtype():
+    """Seeds found under version 1 replay the trial they failed (tests/fuzz/regressions.py); version 2
+    adds bfloat16 compute to whole shape blocks (one reference each) and changes nothing else."""
+    bf16 = set()
+    for seed in SEEDS:
+        old, new = draw(seed, max_world=4, draws=1), draw(seed, max_world=4)
+        assert "compute_dtype" not in old.spec["model"]["args"] and old.draws == 1 and new.draws == DRAWS
+        args = dict(new.spec["model"]["args"])
+        if args.pop("compute_dtype", "float32") == "bfloat16":
+            bf16.add(seed // SHAPE_BLOCK)
+            assert new.shape_key != old.shape_key  # another failure-free reference
+        assert {**new.spec, "model": {**new.spec["model"], "args": args}} == old.spec
+        assert new.injections == old.injections and new.moments == old.moments
+    assert 0 < len(bf16) < len(SEEDS) // SHAPE_BLOCK
+    with pytest.raises(ConfigError, match="--draws"):
+        draw(0, max_world=4, draws=4)
+
+
+def test_draw_version_3_adds_one_fault_of_a_new_kind_to_version_2():
+    from lifeline.bench._fuzz_draw import NEW_KINDS
+
+    seen = Counter()
+    for seed in SEEDS:
+        v2, v3 = draw(seed, max_world=4), draw(seed, max_world=4, draws=3)
+        assert v3.doc == v2.doc and set(v2.injections) < set(v3.injections)
+        (extra,) = [i for i in v3.injections if i not in v2.injections]
+        assert extra.kind in NEW_KINDS and 2 <= extra.step <= STEPS - 2 and 0 <= extra.rank < v3.world
+        assert extra.transient == (extra.kind == "nan") and extra.when is None  # a NaN that repeats is not drawn
+        assert [i.step for i in v3.injections] == sorted(i.step for i in v3.injections)
+        assert len(v3.moments) == len(v3.injections)
+        load_for_launch(v3.doc)
+        seen[extra.kind] += 1
+    assert set(seen) == set(NEW_KINDS)
+
+
+def test_which_faults_call_for_a_recovery():
+    from lifeline.launch.faults import recovers
+    from lifeline.launch.inject import Injection
+
+    assert recovers(Injection("preempt", 0, 3)) and recovers(Injection("nan", 0, 3, transient=True))
+    assert not recovers(Injection("nan", 0, 3))  # a repeated NaN skips its batch: no recovery
+    assert not recovers(Injection("slow", 0, 3)) and not recovers(Injection("minio", 0, 3))
+    assert all(recovers(Injection(k, 0, 3)) for k in ("trainer", "sidecar", "node", "hang"))
+
+
 def test_replay_command_and_commit_seed(monkeypatch, tmp_path):
     assert replay_command(17) == "lifeline bench fuzz --seed 17 --trials 1"
     assert replay_command(17, 4) == "lifeline bench fuzz --seed 17 --trials 1 --max-world 4"
+    assert replay_command(17, 4, draws=1) == "lifeline bench fuzz --seed 17 --trials 1 --max-world 4 --draws 1"
+    assert replay_command(17, draws=DRAWS) == "lifeline bench fuzz --seed 17 --trials 1"
     monkeypatch.setenv("LIFELINE_FUZZ_SEED", "4242")
     assert commit_seed() == 4242
     monkeypatch.delenv("LIFELINE_FUZZ_SEED")

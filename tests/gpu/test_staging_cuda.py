@@ -1,4 +1,4 @@
-"""The CUDA path of ``lifeline.sidecar._staging``: a pinned host buffer, a side stream and an event the
+"""The CUDA path of ``lifeline.sidecar.client._staging``: a pinned host buffer, a side stream and an event the
 next update waits on. Collected only where PyTorch sees a CUDA device (``tests/conftest.py``'s
 ``collect_ignore``: never a skip, which CI counts as a failure); ``scripts/gpu_check.sh`` runs it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from lifeline.sidecar._staging import HostStager, host_bytes
+from lifeline.sidecar.client._staging import HostStager, host_bytes
 
 
 def test_a_cuda_tensor_is_staged_through_a_reused_pinned_buffer_and_the_update_waits_for_it():

@@ -257,3 +257,92 @@ def test_an_l2_flip_waits_out_the_minio_outage_of_its_round():
     t0 = _time.monotonic()
     faults._await_minio(limit=0.2)
     assert _time.monotonic() - t0 < 2.0 and faults.minio_down_until is not None
+
+
+def test_a_flip_finds_copies_only_in_live_sidecars():
+    """Seed 3220: a node loss took rank 2's sidecar, the only holder of rank 1's L1 copy, just before
+    an L1 flip of rank 1; the catalog still recorded the copy, so the flip that found nothing was
+    counted as a failed corruption instead of a moot one."""
+    from lifeline.api.recovery import Holding
+    from lifeline.launch.faults import held_copies
+
+    holdings = {Holding(8, 1, "L0", 1), Holding(8, 1, "L1", 2), Holding(6, 1, "L1", 2), Holding(8, 0, "L1", 1),
+                Holding(4, 1, "L2")}
+    assert {h.step for h in held_copies(holdings, 1, "L1", {0, 1, 2})} == {6, 8}
+    assert held_copies(holdings, 1, "L1", {0, 1}) == []  # rank 2's sidecar is gone: its memory with it
+    assert held_copies(holdings, 1, "L0", {1}) == [Holding(8, 1, "L0", 1)]
+    assert held_copies(holdings, 1, "L0", {0, 2}) == []
+    assert held_copies(holdings, 1, "L2", set()) == [Holding(4, 1, "L2")]
+
+
+def test_the_run_summary_accounts_overlapping_recoveries_within_the_wall_time():
+    """Seed 3314: recoveries that overlap (a failure during a recovery) summed more than the wall time;
+    the summary's ETTR raised ConfigError and the run ended without a summary."""
+    from lifeline.launch.summary import ettr_terms
+
+    b = ettr_terms(wall_seconds=30.0, kept=12, step_seconds=0.2, stall_seconds=0.5, recovery_seconds=41.0)
+    assert b is not None and 0 <= b.ratio <= 1
+    assert b.productive > 0 and b.productive + b.checkpoint_stall + b.recovery <= 30.0 + 1e-9
+    ok = ettr_terms(wall_seconds=30.0, kept=12, step_seconds=0.2, stall_seconds=0.5, recovery_seconds=10.0)
+    assert (ok.productive, ok.checkpoint_stall, ok.recovery) == (12 * 0.2, 0.5, 10.0)  # terms that fit are kept as they are
+    assert ettr_terms(wall_seconds=30.0, kept=0, step_seconds=0.2, stall_seconds=0.0, recovery_seconds=0.0) is None
+
+
+def test_a_trainer_that_has_not_reported_since_it_started_is_starting_not_stuck():
+    """Seed 3386: rank 0's trainer, restarted for generation 1, was still importing when generation 2
+    was published; it was killed as stuck just after it began hosting generation 2's rendezvous
+    store, and the survivors connected to it failed (a third recovery without a fault)."""
+    from dataclasses import dataclass
+
+    from lifeline.catalog.documents import ProgressReport
+    from lifeline.launch._records import RecoveryRecord, stuck_ranks
+
+    @dataclass
+    class Pod:  # the two members stuck_ranks reads of a pod
+        trainer_started_at: float
+        exit: int | None = None
+
+        def exit_code(self, role: str) -> int | None:
+            return self.exit
+
+    rec = RecoveryRecord(generation=2, action="Rollback", failures=[], ranks=[1], from_step=2, restore_step=None,
+                         tier=None, started_at=100.0)
+
+    def report(rank: int, at: float, generation: int, **fields) -> ProgressReport:
+        return ProgressReport("step", "j", rank, generation, at, 2, fields)
+
+    pods = {0: Pod(98.0), 2: Pod(10.0), 3: Pod(10.0), 4: Pod(10.0), 5: Pod(101.0), 6: Pod(10.0, exit=1)}
+    reports = {0: report(0, 50.0, 0),                      # restarted at 98 s, its last report from the old process
+               2: report(2, 99.0, 1),                      # a survivor of generation 1 that never read the plan
+               3: report(3, 99.0, 1, plan_generation=2),   # read the plan
+               4: report(4, 100.5, 2),                     # joined generation 2
+               5: report(5, 50.0, 0), 6: report(6, 50.0, 0)}  # started for this plan; dead
+    assert stuck_ranks(rec, pods, reports) == [2]
+    reports[0] = report(0, 99.0, 1)  # the restarted process reported in generation 1, then stayed there
+    assert stuck_ranks(rec, pods, reports) == [0, 2]
+
+
+def test_an_l0_flip_reaches_every_slot_that_holds_the_step(tmp_path):
+    """Seed 3405: a step trained again after a rollback is saved again, with the same bytes, into
+    another slot; the sidecar holds the newer copy. The flip must find both slots (and a slot holding
+    other bytes or too few of them is not a copy)."""
+    import torch
+
+    from lifeline.checkpoint import Layout, PatternRules, plan_shard, seal_shard, write_shard
+    from lifeline.launch import find_slots, flip_file, flip_offset
+
+    state = {"w": torch.arange(4096, dtype=torch.float32)}
+    plan = plan_shard(state, Layout(), 0, PatternRules())
+    blob = bytearray(plan.nbytes)
+    write_shard(plan, state, memoryview(blob))
+    meta = seal_shard(plan, blob, job="j", step=3)
+    slot_bytes = plan.nbytes + 4096
+    for name, data in [("slot-000.bin", blob), ("slot-001.bin", b"\0" * plan.nbytes), ("slot-002.bin", blob),
+                       ("slot-003.bin", blob[: plan.nbytes // 2])]:
+        (tmp_path / name).write_bytes(bytes(data) + b"\0" * (slot_bytes - len(data)))
+    found = find_slots(tmp_path, meta)
+    assert [p.name for p, _ in found] == ["slot-000.bin", "slot-002.bin"]
+    assert all(data == bytes(blob) for _, data in found)
+    for path, _ in found:
+        flip_file(path, flip_offset(meta))
+    assert find_slots(tmp_path, meta) == []

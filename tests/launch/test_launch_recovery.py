@@ -15,14 +15,15 @@ import shutil
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
+from lifeline.devcluster import ProcessRef
 from lifeline.launch.inject import random_injections
 
 from ._jobs import (
     PERSIST_EVERY,
     STEPS,
-    alive,
     await_condition,
     job_doc,
     lifeline_run,
@@ -111,6 +112,22 @@ def test_node_loss_and_trainer_crash_in_one_run_end_bit_identical(reference, tmp
     assert summary["digest"] == ref["digest"], "final parameters differ from the failure-free run"
 
 
+def _run_processes(record: Path) -> list[ProcessRef]:
+    """The live processes a run's ``processes.json`` names. A pid whose process started after the
+    file was written is a stranger that took the number of one of the run's exited processes."""
+    written = record.stat().st_mtime
+    pids = json.loads(record.read_text())
+    out = []
+    for pid in [pids["launcher"], pids["redis"]] + [p for r in pids["ranks"].values() for p in r.values()]:
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:
+            continue
+        if started <= written + 0.02:  # clock ticks (10 ms); psutil's boot time rounds down, never up
+            out.append(ProcessRef.of(pid))
+    return out
+
+
 def test_kill_everything_and_start_again_resumes_from_l2(reference, tmp_path):
     ref, _ = reference
     job = write_job(tmp_path / "job.yaml", job_doc("killall"))
@@ -122,15 +139,11 @@ def test_kill_everything_and_start_again_resumes_from_l2(reference, tmp_path):
         manifest = l2 / "killall" / f"{2 * PERSIST_EVERY:012d}" / "manifest.json"
         await_condition(lambda: manifest.exists() and "injecting" in (tmp_path / "first.log").read_text(), 300,
                         "L2 step 8 and the injected crash")
-        pids = json.loads((state / "processes.json").read_text())
-        everything = [pids["launcher"], pids["redis"]] + [p for r in pids["ranks"].values() for p in r.values()]
-        for pid in everything:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        everything = _run_processes(state / "processes.json")
+        for process in everything:
+            process.signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        await_condition(lambda: not any(alive(p) for p in everything), 30, "every process to die")
+        await_condition(lambda: not any(p.alive() for p in everything), 30, "every process to die")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

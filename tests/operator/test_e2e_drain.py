@@ -19,7 +19,9 @@ def test_kubectl_drain_of_a_jobs_node_is_a_migration_that_loses_no_step(devclust
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"]["name"] = name
     spec = body["spec"]
-    spec.update(replicas=2, steps=STEPS, layout={"tensor": 1, "pipeline": 1, "data": 2, "expert": 1})
+    # 4x the other runs' steps: the drain cordons, then evicts pod by pod through the budget, and in a CI
+    # run (stop 38's rehearsal) 40 steps ended before the rank's eviction reached it (no recovery at all)
+    spec.update(replicas=2, steps=4 * STEPS, layout={"tensor": 1, "pipeline": 1, "data": 2, "expert": 1})
     spec["checkpoint"]["every"] = 3  # the preempted step is saved by every rank after their agreement
     spec["checkpoint"]["persist"]["every"] = 12
     spec["recovery"].pop("elastic")
@@ -54,6 +56,7 @@ def test_kubectl_drain_of_a_jobs_node_is_a_migration_that_loses_no_step(devclust
     history = [(r["kind"], r["ranks"], r.get("fromStep"), r.get("reason", "")[:300]) for r in st.get("recoveries", [])]
     print(f"drained {node}; recoveries: {history}")
     assert st["phase"] == "Succeeded", f"{st.get('message')}; recoveries: {history}"
+    assert st["recoveries"], f"the drain migrated nothing (step {st.get('step')}):\n{_story(devcluster, ns, name)}"
     first = st["recoveries"][0]
     assert first["kind"] == "ReplacePods" and first["ranks"] == [1], history
     assert "preemption of rank 1" in first["reason"] and "0 steps lost" in first["reason"], history

@@ -6,10 +6,13 @@ exercised end to end by tests/launch/test_localized_replay.py's sparse case.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from lifeline.checkpoint import Layout, SlotRecord, slot_record, unpack_slot
+from lifeline.checkpoint._slot import _header
+from lifeline.checkpoint import Layout, SlotRecord, pack_slot, slot_entries, slot_record, unpack_slot
 from lifeline.errors import ChecksumError, RecoveryError, SidecarError
 from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
 from lifeline.runtime._sparse import SparseWindows
@@ -45,21 +48,27 @@ def assert_same(a: dict, b: dict) -> None:
             assert bytes(a[k]) == bytes(b[k]), k
 
 
-@pytest.fixture(scope="module")
-def run():
-    """Eight steps with a slot captured after each, and the dense state of every step."""
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def run(request):
+    """Eight steps with a slot captured after each, and the dense state of every step; FROZEN
+    weights in the compute dtype drawn (fp32, or bfloat16 compute weights of fp32 masters)."""
+    cfg = GPTMoEConfig(n_experts=4, corpus_bytes=1 << 16, compute_dtype=request.param)
+    return (cfg, *train(GPTMoETrainer(cfg, Layout(), 0), 8))
+
+
+def train(trainer: GPTMoETrainer, steps: int) -> tuple:
+    """``steps`` steps of ``trainer`` with a slot captured after each: ``(store, windows, dense state
+    per step, slot bytes per step)``."""
     deterministic_cpu()
-    cfg = GPTMoEConfig(n_experts=4, corpus_bytes=1 << 16)
-    trainer = GPTMoETrainer(cfg, Layout(), 0)
     trainer.connect()
     store = LogStoreDouble()
     windows = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
     dense, sizes = {}, {}
-    for _ in range(8):
+    for _ in range(steps):
         result = trainer.train_step()
         sizes[result.step] = windows.capture(result.step, trainer, result.seconds)
         dense[result.step] = snapshot(trainer.state())
-    return cfg, store, windows, dense, sizes
+    return store, windows, dense, sizes
 
 
 def fresh(cfg) -> GPTMoETrainer:
@@ -141,3 +150,38 @@ def test_a_new_process_inside_a_window_goes_on_with_the_windows_schedule(run):
     del store.entries[next(k for k in store.entries if k.iteration == 6)]
     orphan = SparseWindows(lambda: store, job="j", layout=Layout(), rank=0, rules=trainer.rules, stage=0, window=W)
     assert orphan.capture(7, target, 0.01) == 0
+
+
+class ClaimsBfloat16(GPTMoETrainer):
+    """A trainer whose forward pass uses fp32 weights but whose FROZEN copies are bfloat16."""
+
+    compute_dtype = torch.bfloat16
+
+
+@pytest.mark.parametrize("compute_dtype", ["bfloat16", "float32"])
+def test_bfloat16_frozen_copies_replay_exactly_only_when_the_forward_pass_rounds_to_them(compute_dtype):
+    cfg = GPTMoEConfig(n_experts=4, corpus_bytes=1 << 16, compute_dtype=compute_dtype)
+    trainer = ClaimsBfloat16(cfg, Layout(), 0)
+    store, windows, dense, sizes = train(trainer, 5)
+    # slot 0 of window 3 holds its FROZEN operators' weights in bfloat16: 2 of fp32's 4 bytes per parameter
+    ops, members = trainer.sparse_operators()
+    record = slot_record(store.entries[next(k for k in store.entries if k.iteration == 3)])
+    frozen = [n for op in record.frozen for n in members[op].weights]
+    entries = slot_entries(trainer.state(), record, members, compute_dtype=torch.bfloat16)
+    assert frozen and {entries[n].dtype for n in frozen} == {torch.bfloat16}
+    assert {entries[n].dtype for op in record.active for n in members[op].weights} == {torch.float32}
+    stored = {t.fqn: t for t in _header(memoryview(store.entries[next(k for k in store.entries if k.iteration == 3)]))[1].tensors}
+    for n in frozen:  # the slot captured holds them so: 2 bytes per parameter
+        assert stored[n].dtype == "bfloat16" and all(c.byte_length == 2 * math.prod(c.lengths) for c in stored[n].chunks)
+    fp32 = pack_slot(slot_entries(dense[3], record, members), record, job="j", layout=Layout(), rank=0,
+                     rules=trainer.rules)
+    assert sizes[3] < len(fp32)
+    # the window converts to the dense state bit for bit when the forward pass rounds to bfloat16, and not otherwise
+    replayed = GPTMoETrainer(cfg, Layout(), 0)
+    replayed.connect()
+    windows.restore(3, replayed)
+    while replayed.step < 5:
+        windows.apply(replayed.train_step().step, 3, replayed)
+    state = snapshot(replayed.state())
+    exact = all(torch.equal(state[k], v) if isinstance(v, torch.Tensor) else state[k] == v for k, v in dense[5].items())
+    assert exact == (compute_dtype == "bfloat16")

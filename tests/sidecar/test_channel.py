@@ -20,7 +20,7 @@ from conftest import SECRET, wait_for
 
 from lifeline.catalog import Catalog
 from lifeline.errors import AuthError, PeerError
-from lifeline.sidecar import _frames
+from lifeline.sidecar import frames as _frames
 from lifeline.sidecar._channel import HEADER, TAG_BYTES, Channel, derive_keys
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.peer import PeerClient

@@ -11,7 +11,7 @@ import torch
 from lifeline.checkpoint import Layout, PatternRules, plan_shard, seal_shard, write_shard
 from lifeline.errors import ChecksumError, LayoutError, StorageError
 from lifeline.checkpoint import _s3_upload as _upload
-from lifeline.sidecar._copy import MIN_PARALLEL_BYTES, write_parallel
+from lifeline.sidecar.client._copy import MIN_PARALLEL_BYTES, write_parallel
 from lifeline.sidecar._verify import BlobVerifier
 
 

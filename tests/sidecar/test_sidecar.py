@@ -13,7 +13,7 @@ from _trainer import empty_like, identical, state_at
 from conftest import SECRET, wait_for
 
 from lifeline.errors import ArenaFullError, AuthError, ChecksumError, RecoveryError
-from lifeline.sidecar import _frames
+from lifeline.sidecar import frames as _frames
 from lifeline.catalog import Catalog
 from lifeline.sidecar.client import SidecarClient
 from lifeline.sidecar.peer import PeerClient
@@ -261,7 +261,7 @@ def test_redis_restart_sidecars_reregister_and_catalog_recovers(make_settings, s
 
 def test_reshard_reads_byte_ranges_from_peer_memory(make_settings, sidecars, redis_server, job):
     from lifeline.checkpoint import Layout, PatternRules, Replicated, Sharded, load_shard, plan_shard
-    from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
+    from lifeline.sidecar.client.reader import SidecarBlobReader, manifest_from_catalog
 
     rules = PatternRules([("w", Sharded(0)), ("b", Replicated())])
     full_w = torch.arange(64 * 8, dtype=torch.float32).reshape(64, 8)
@@ -292,7 +292,7 @@ def test_reshard_reads_this_pods_own_blob_in_place_from_the_arena(make_settings,
     """With the pod's client, the blob its own sidecar keeps in an arena slot is read through shared
     memory (no socket), the peer's over TCP; a corrupted arena byte is caught by the loader's checks."""
     from lifeline.checkpoint import Layout, PatternRules, Sharded, load_shard, plan_shard
-    from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
+    from lifeline.sidecar.client.reader import SidecarBlobReader, manifest_from_catalog
 
     rules = PatternRules([("w", Sharded(0))])
     full_w = torch.randn(64, 32, generator=torch.Generator().manual_seed(5))

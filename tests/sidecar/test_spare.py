@@ -117,3 +117,32 @@ def test_only_a_plan_answering_no_failure_from_memory_needs_a_spare():
     from_l2 = _grow(3, {0: 0})
     from_l2 = dataclasses.replace(from_l2, sources=(RestoreSource(0, "L2", None, None),))
     assert not from_l2.reads_memory_while_training
+
+
+def test_lifeline_run_spares_the_step_of_a_recovery_plan_that_reads_memory(catalog):
+    """Fuzz seed 3085 (``keep`` 1): a ``RestartInPlace`` named rank 2's L0 copy of step 10, and the
+    sidecar evicted it for step 11's save, sealed after the plan's catalog view (the restore: ``no
+    verified copy of step 10 rank 2``). ``lifeline run`` now spares the step of every plan that reads
+    memory, not only a grow's, so the sidecar keeps it until training resumed."""
+    from types import SimpleNamespace
+
+    from lifeline.api import Failure, FailureKind
+    from lifeline.launch._apply import _Applying
+
+    evicted: list[Holding] = []
+    stores = {r: _sidecar_store(catalog, r, evicted) for r in (0, 1)}
+    for r, st in stores.items():
+        _save(st, catalog, 10, r, keep=1)
+        st.latest_complete = 10
+    hang = (Failure(FailureKind.HANG, (1,), None, "no progress"),)
+    plan = dataclasses.replace(_grow(10, {0: 0, 1: 1}), action=RecoveryAction.RESTART_IN_PLACE, failures=hang,
+                               layout=LayoutSpec(data=2), node_of_rank=("n0", "n1"), restore_ranks=(0, 1))
+    assert plan.reads_memory and not plan.reads_memory_while_training
+    events: list[str] = []
+    runner = SimpleNamespace(catalog=catalog, _spare_held=False, _event=events.append,
+                             job=SimpleNamespace(spec=SimpleNamespace(recovery=SimpleNamespace(startup_grace_seconds=60))))
+    assert _Applying._spared(runner, plan) and runner._spare_held and catalog.spared_step() == 10
+    for r, st in stores.items():  # the save of step 11 lands after the plan: keep 1 no longer evicts 10
+        _save(st, catalog, 11, r, keep=1)
+        assert st.steps("shard", r) == [10, 11] and {h.holder for h in catalog.holders(10, r)} == {r}
+    assert not evicted and not events

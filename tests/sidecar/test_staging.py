@@ -1,4 +1,4 @@
-"""Staging tensors to host bytes for the arena and the sidecar socket (``lifeline.sidecar._staging``).
+"""Staging tensors to host bytes for the arena and the sidecar socket (``lifeline.sidecar.client._staging``).
 
 The CPU path runs everywhere; the CUDA path (pinned buffer, side stream, event) is
 ``tests/gpu/test_staging_cuda.py``, collected only where a GPU is (``scripts/gpu_check.sh`` runs it)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lifeline.sidecar._staging import HostStager, host_bytes
+from lifeline.sidecar.client._staging import HostStager, host_bytes
 
 
 def test_a_cpu_tensor_is_its_own_host_copy_and_its_bytes_are_its_values():

@@ -9,7 +9,7 @@ import pytest
 
 from lifeline.api.pod import SidecarSettings, TrainerSettings
 from lifeline.errors import AuthError, ChecksumError, ConfigError, PeerError
-from lifeline.sidecar import _frames
+from lifeline.sidecar import frames as _frames
 from lifeline.control import place_replicas as place
 from lifeline.sidecar.auth import client_handshake, server_handshake
 from lifeline.sidecar.store import Holding, Store

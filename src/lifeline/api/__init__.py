@@ -20,6 +20,7 @@ from lifeline.api.recovery import (
     Tier,
 )
 from lifeline.api._numerics import LossSpikeSpec
+from lifeline.api._health import HealthCheckSpec
 from lifeline.api._stragglers import StragglerSpec
 from lifeline.api.trainingjob import (
     API_VERSION,
@@ -64,6 +65,7 @@ __all__ = [
     "LayoutSpec",
     "LossSpikeSpec",
     "StragglerSpec",
+    "HealthCheckSpec",
     "ModelSpec",
     "PersistSpec",
     "PodPlacement",

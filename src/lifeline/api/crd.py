@@ -107,6 +107,8 @@ _PRINTER_COLUMNS = [
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Recoveries performed."},
     {"name": "Recovery", "type": "string", "jsonPath": ".status.recoveries[-1:].kind",
      "description": "The ladder rung of the latest recovery (e.g. LocalizedReplay)."},
+    {"name": "Stragglers", "type": "integer", "jsonPath": ".status.stragglers[-1:].rank",
+     "description": "The rank flagged last as a straggler in the current generation (status.stragglers has all)."},
     {"name": "Generation", "type": "integer", "jsonPath": ".status.generation", "priority": 1,
      "description": "Process-group generation."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1, "description": "World size."},
@@ -126,7 +128,7 @@ def build_crd() -> dict[str, Any]:
     """The ``apiextensions.k8s.io/v1`` CustomResourceDefinition of TrainingJob, as a dict.
 
     Structural OpenAPI v3 schema from the pydantic models, with CEL rules, the status
-    subresource, printer columns (Phase, Step, Complete, Restarts, Age; Generation and
+    subresource, printer columns (Phase, Step, Complete, Restarts, Recovery, Stragglers, Age; Generation and
     Replicas with ``-o wide``), short name ``tj`` and categories ``lifeline``/``training``.
     Deterministic: equal calls give equal dicts.
     """

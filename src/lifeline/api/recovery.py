@@ -201,6 +201,17 @@ class RecoveryPlan:
         return max((s.tier for s in self.sources), key=TIERS.index, default=None)
 
     @property
+    def reads_memory(self) -> bool:
+        """The plan restores some shard from sidecar memory (L0 or L1). Until every rank read it, the
+        sidecars may still evict that copy (``keep``) as saves of newer steps land, sealed after the
+        catalog view the plan was made from (fuzz seed 3085: ``keep`` 1, the step-10 copy a
+        ``RestartInPlace`` named was replaced by step 11's); ``lifeline run`` spares the step
+        (:meth:`lifeline.catalog.Catalog.spare`) before it publishes such a plan. A sparse window's plan
+        (``restore_window``) reads slots of the upstream-log store, not shards: nothing to spare."""
+        return self.restore_step is not None and self.restore_window is None and any(
+            s.tier != "L2" for s in self.sources)
+
+    @property
     def reads_memory_while_training(self) -> bool:
         """A plan answering no failure (an elastic grow) that reads some shard from sidecar memory: the
         trainers go on saving until they read it, so its step must be spared from eviction

@@ -10,14 +10,14 @@ and a byte flipped in a copy (:mod:`lifeline.launch._flip`) followed by the fail
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from lifeline.launch import find_slot, flip_file, flip_in_process, flip_offset, flip_stored
+from lifeline.devcluster import ProcessRef
+from lifeline.launch import find_slots, flip_file, flip_in_process, flip_offset, flip_stored
 from lifeline.launch.faults import FiredFault
 from lifeline.launch.inject import Injection
 
@@ -111,13 +111,15 @@ class ClusterBed:
         found = sorted((self.dc.shm_root / pod.spec.node_name / pod.metadata.uid).rglob("slot-000.bin"))
         return found[0].parent if found else None
 
-    def pid(self, pod: Any, container: str) -> int | None:
-        """The pid of ``container``'s process (``None`` when not running)."""
+    def process(self, pod: Any, container: str) -> ProcessRef | None:
+        """``container``'s process (``None`` when not running). Signal it through the ref: its pid file
+        may outlive it by a moment, and the pid may name another process by then."""
         path = self.pod_dir(pod) / "containers" / f"{container}.pid"
         try:
-            return int(path.read_text())
+            ref = ProcessRef.parse(path.read_text())
         except (OSError, ValueError):
             return None
+        return ref if ref.alive() else None
 
     # ------------------------------------------------------------------ faults
     def fire(self, inj: Injection, name: str, catalog: Any, step: int) -> FiredFault:
@@ -150,10 +152,9 @@ class ClusterBed:
         self._lose_node(self._node_of(name, inj.rank), rec)
 
     def _hang(self, inj, rec, name, catalog) -> None:
-        pid = self.pid(self.pods(name)[inj.rank], "trainer")
-        if pid is None:
+        ref = self.process(self.pods(name)[inj.rank], "trainer")
+        if ref is None or not ref.signal(signal.SIGSTOP):
             raise RuntimeError(f"rank {inj.rank}'s trainer is not running")
-        os.kill(pid, signal.SIGSTOP)
 
     def _redis(self, inj, rec, name, catalog) -> None:
         self.dc.kill_service("redis")
@@ -180,9 +181,8 @@ class ClusterBed:
             if raw is None:
                 continue
             meta = ShardMetadata.from_json(raw)
-            found = find_slot(arena, meta)
-            if found is not None:
-                yield step, meta, found[0], found[1]
+            for path, blob in find_slots(arena, meta):
+                yield step, meta, path, blob
 
     def _flip(self, inj, rec, name, catalog) -> None:
         pods = self.pods(name)
@@ -200,7 +200,8 @@ class ClusterBed:
             for step, meta, _, blob in self._copies(name, inj.rank, catalog, pod):
                 for h in sorted(catalog.holders(step, inj.rank), key=lambda h: h.holder or 0):
                     holder = pods.get(h.holder) if h.tier == "L1" else None
-                    pid = self.pid(holder, "sidecar") if holder is not None else None
+                    ref = self.process(holder, "sidecar") if holder is not None else None
+                    pid = ref.pid if ref is not None else None
                     if pid and flip_in_process(pid, blob, flip_offset(meta)):
                         rec.copies.append({"step": step, "rank": inj.rank, "tier": "L1", "holder": h.holder,
                                            "where": f"sidecar pid {pid}"})

@@ -56,7 +56,7 @@ def _rank(rank: int, world: int, root: str, repeats: int, shapes: dict[str, int]
     from lifeline.bench._fsdp2_model import _App, build
     from lifeline.checkpoint import Layout, plan_shard
     from lifeline.runtime import StatefulState
-    from lifeline.sidecar._copy import write_parallel
+    from lifeline.sidecar.client import write_parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)

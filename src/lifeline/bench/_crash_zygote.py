@@ -23,6 +23,13 @@ import time
 from typing import Any
 
 
+def _say(line: str) -> None:
+    """Write ``line`` and its newline in one ``write`` (atomic on a pipe below PIPE_BUF bytes): with
+    ``PYTHONUNBUFFERED=1`` ``print`` writes them separately, and a victim killed in between glued the
+    next process's line to its unfinished one."""
+    os.write(1, (line + "\n").encode())
+
+
 def _storage(cfg: dict[str, Any]):
     from lifeline.checkpoint import FilesystemStorage, S3Storage
 
@@ -43,10 +50,10 @@ def _saver(cfg: dict[str, Any], step: int, seed: int, hold: bool) -> None:
     layout = Layout(tensor=cfg["tensor"], data=cfg["data"])
     storage = _storage(cfg)
     states = library_states(seed, cfg["rows"], layout)
-    print(f"saving {os.getpid()} {step}", flush=True)
+    _say(f"saving {os.getpid()} {step}")
     t0 = time.perf_counter()
     save_states(storage, cfg["prefix"], cfg["job"], step, layout, RULES, states, block_size=64 << 10)
-    print(f"saved {step} {time.perf_counter() - t0:.6f}", flush=True)
+    _say(f"saved {step} {time.perf_counter() - t0:.6f}")
     if hold:
         signal.pause()
 
@@ -57,7 +64,7 @@ def _sidecar(cfg: dict[str, Any], rank: int) -> None:
 
     settings = SidecarSettings(**cfg["sidecars"][rank])
     Sidecar(settings).start()
-    print(f"sidecar {rank} {os.getpid()}", flush=True)
+    _say(f"sidecar {rank} {os.getpid()}")
     while True:
         signal.pause()
 
@@ -86,9 +93,9 @@ def main(cfg: dict[str, Any]) -> None:
             elif cmd == "sidecar":
                 _sidecar(cfg, int(args[0]))
             else:
-                print(f"error unknown command {cmd!r}", flush=True)
+                _say(f"error unknown command {cmd!r}")
         except BaseException as err:  # noqa: BLE001 - reported to the bench, which fails the run
-            print(f"error {type(err).__name__}: {str(err)[:500]!r}".replace("\n", " "), flush=True)
+            _say(f"error {type(err).__name__}: {str(err)[:500]!r}".replace("\n", " "))
         finally:
             sys.stdout.flush()
             os._exit(code)

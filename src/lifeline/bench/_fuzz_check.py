@@ -28,17 +28,19 @@ __all__ = ["TIME_BOUNDS", "PER_RANK_SECONDS", "losses", "loss_problems", "rung_p
            "time_bound", "time_problems", "GLOBAL_RUNGS", "replans_after_corruption"]
 
 TIME_BOUNDS = {"trainer": 75.0, "hang": 85.0, "sidecar": 90.0, "node": 90.0, "flip:L0": 75.0,
-               "flip:L1": 90.0, "flip:L2": 105.0, "redis": 45.0, "minio": 45.0}
+               "flip:L1": 90.0, "flip:L2": 105.0, "redis": 45.0, "minio": 45.0,
+               "preempt": 100.0, "nan": 75.0, "slow": 45.0}
 """Seconds a fault of each kind may cost (fault → every rank past the step reached) with 2 ranks on
 two shared cores under load: process starts dominate (a fresh trainer imports torch and builds the
-model, a replacement pod starts a sidecar too); the hang timeout (8 s) counts for ``hang``. Below the
+model, a replacement pod starts a sidecar too); the hang timeout (8 s) counts for ``hang``, the
+grace (10 s at most) for ``preempt``; a ``slow`` rank calls for no recovery (its delay to the next step). Below the
 trials' 120 s start-up grace, so a recovery that waits it out is caught."""
 PER_RANK_SECONDS = 5.0
 """Added per rank beyond two (more processes rejoin and restore on the same two cores)."""
 DURING_RECOVERY_SECONDS = 30.0
 """Added for a fault armed ``when=recovery`` (its recovery begins again)."""
 GLOBAL_RUNGS = ("RestartInPlace", "ReplacePods", "Rollback")
-LOSSES_OF_MEMORY = ("sidecar", "node")
+LOSSES_OF_MEMORY = ("sidecar", "node", "preempt")
 
 
 def losses(logs: Path) -> dict[tuple[int, int], list[float]]:

@@ -11,6 +11,9 @@ The configuration has two parts:
   ``steps``. It decides the numbers a failure-free run computes, so the failure-free reference is
   run once per shape (:attr:`FuzzTrial.shape_key`). It is drawn from ``seed // SHAPE_BLOCK``:
   consecutive seeds share a shape, and a bench run of N trials runs about N / SHAPE_BLOCK references.
+* the model's ``compute_dtype`` (draw version 2, :data:`DRAWS`): bfloat16 compute weights for half
+  the shape blocks (fp32 masters; sparse windows then store FROZEN operators in bfloat16), from
+  a stream of its own, so version 1's draws are unchanged where it says float32.
 * the rest, from the seed itself — ``schedule`` (gpipe or 1f1b: bit-identical to each other),
   ``checkpoint.every``, ``persist.every``, ``keep``, ``sparse.window`` (on or off),
   ``recovery.localizedReplay``, ``recovery.elastic`` (on or off): how the job checkpoints and
@@ -35,7 +38,22 @@ from lifeline.bench._chaos_schedule import FAULTS, PROCESS_FAULTS, TrialSpec
 from lifeline.bench.chaos import MODEL, job_doc
 from lifeline.launch.inject import SERVICE_KINDS, Injection
 
-__all__ = ["MAX_FAULTS", "MAX_WORLD", "SHAPE_BLOCK", "STEPS", "FuzzTrial", "draw", "layouts", "moment_of"]
+__all__ = ["DRAWS", "NEWEST", "NEW_KINDS", "MAX_FAULTS", "MAX_WORLD", "SHAPE_BLOCK", "STEPS", "FuzzTrial", "draw", "layouts", "moment_of"]
+
+DRAWS = 2
+"""The draw version ``draw`` uses by default (``--draws``): 1 drew float32 compute only (every seed
+found before 2026-11-29 replays with it: ``Regression.draws``); 2 also draws ``compute_dtype``;
+3 (opt-in until a campaign has run it: docs/fuzz.md) also adds one fault of :data:`NEW_KINDS`."""
+NEWEST = 3
+"""The newest draw version (``--draws`` at most)."""
+BFLOAT16 = 0.5
+"""Share of the shape blocks drawn with bfloat16 compute weights (version 2)."""
+NEW_KINDS = ("preempt", "nan", "slow")
+"""Version 3's extra fault, one per trial (issue 27): a preemption (SIGTERM, 10 s grace: the rank
+saves its step to L1 and its node goes, 0 steps lost), a transient NaN (the step's re-run is clean:
+a faulty rank, restarted), a rank slowed 2x from its step on (no straggler policy in the spec: the
+job only gets slower). A NaN that repeats would skip its batch, which the failure-free reference
+does not: not drawn."""
 
 MAX_WORLD = 8
 """Ranks at most (``--max-world``)."""
@@ -95,6 +113,7 @@ class FuzzTrial:
     doc: dict = field(hash=False, compare=False)
     injections: tuple[Injection, ...]
     moments: tuple[str, ...]
+    draws: int = DRAWS
 
     @property
     def spec(self) -> dict:
@@ -135,6 +154,7 @@ class FuzzTrial:
         ck, rec = s["checkpoint"], s["recovery"]
         return {"layout": s["layout"], "micro_batches": s["model"]["args"]["micro_batches"],
                 "n_layers": s["model"]["args"]["n_layers"], "schedule": s["model"]["args"].get("schedule", "gpipe"),
+                "compute_dtype": s["model"]["args"].get("compute_dtype", "float32"),
                 "steps": self.steps, "every": ck["every"], "persist_every": ck["persist"]["every"], "keep": ck["keep"],
                 "sparse_window": (ck.get("sparse") or {}).get("window"),
                 "localized_replay": rec.get("localizedReplay", False), "elastic": "elastic" in rec,
@@ -160,8 +180,23 @@ def _boundaries(steps: int, every: int, persist: int, window: int | None) -> lis
     return sorted(marks) or list(range(2, steps - 1))
 
 
-def draw(seed: int, *, max_world: int = MAX_WORLD) -> FuzzTrial:
-    """The trial of ``seed`` (see the module docstring). Deterministic in its arguments."""
+def _compute_dtype(seed: int, max_world: int, draws: int) -> dict[str, str]:
+    """The model argument ``compute_dtype`` of the block of ``seed`` (version 2; none in version 1)."""
+    if draws < 2 or random.Random(f"fuzz-dtype:{seed // SHAPE_BLOCK}:{max_world}").random() >= BFLOAT16:
+        return {}
+    return {"compute_dtype": "bfloat16"}
+
+
+def draw(seed: int, *, max_world: int = MAX_WORLD, draws: int = DRAWS) -> FuzzTrial:
+    """The trial of ``seed`` (see the module docstring). Deterministic in its arguments.
+
+    Raises:
+        ConfigError: ``draws`` is not a draw version (1 .. :data:`DRAWS`).
+    """
+    if draws not in range(1, NEWEST + 1):
+        from lifeline.errors import ConfigError
+
+        raise ConfigError(f"--draws must be in [1, {NEWEST}], got {draws!r}", field="--draws")
     layout, n_layers, micro = _shape(seed, max_world)
     rng = random.Random(f"fuzz-trial:{seed}:{max_world}")
     world = layout["tensor"] * layout["pipeline"] * layout["data"] * layout["expert"]
@@ -170,7 +205,7 @@ def draw(seed: int, *, max_world: int = MAX_WORLD) -> FuzzTrial:
     window = rng.choice((2, 3, 4)) if rng.random() < 0.4 else None
     localized = rng.random() < (0.75 if window else 0.5)
     doc = _doc("fuzz", layout, {**MODEL, "n_layers": n_layers, "micro_batches": micro,
-                                "schedule": rng.choice(("gpipe", "1f1b"))})
+                                "schedule": rng.choice(("gpipe", "1f1b")), **_compute_dtype(seed, max_world, draws)})
     spec = doc["spec"]
     spec["checkpoint"].update(every=every, keep=rng.choice((1, 2, 2, 3)))
     spec["checkpoint"]["persist"]["every"] = persist
@@ -180,7 +215,22 @@ def draw(seed: int, *, max_world: int = MAX_WORLD) -> FuzzTrial:
     if rng.random() < 0.5:
         spec["recovery"]["elastic"] = {"minReplicas": 1}
     injections, moments = _faults(rng, world=world, steps=STEPS, every=every, persist=persist, window=window)
-    return FuzzTrial(seed, max_world, copy.deepcopy(doc), injections, moments)
+    if draws >= 3:
+        injections, moments = _with_new_kind(seed, max_world, world, injections, moments)
+    return FuzzTrial(seed, max_world, copy.deepcopy(doc), injections, moments, draws)
+
+
+def _with_new_kind(seed: int, max_world: int, world: int, injections: tuple[Injection, ...],
+                   moments: tuple[str, ...]) -> tuple[tuple[Injection, ...], tuple[str, ...]]:
+    """Version 3: the trial's faults plus one of :data:`NEW_KINDS` at a random step and rank, from a
+    stream of its own (the version-2 draws of the seed are unchanged)."""
+    rng = random.Random(f"fuzz-kind:{seed}:{max_world}")
+    kind, rank, step = rng.choice(NEW_KINDS), rng.randrange(world), rng.randint(2, STEPS - 2)
+    extra = {"preempt": Injection("preempt", rank, step, seconds=10.0),
+             "nan": Injection("nan", rank, step, transient=True),
+             "slow": Injection("slow", rank, step, factor=2.0)}[kind]
+    out = sorted([*zip(injections, moments), (extra, "random")], key=lambda x: (x[0].step, x[0].when is not None))
+    return tuple(i for i, _ in out), tuple(m for _, m in out)
 
 
 def _faults(rng: random.Random, *, world: int, steps: int, every: int, persist: int,

@@ -13,8 +13,13 @@ copied into the buffer, averaged over the window's slots, and its worst slot. Op
 members and activation counts are the trainer's own (``sparse_operators``, ``expert_activations``:
 what the runtime's sparse checkpoints capture). On CPU the measured budget (a slow step, a fast
 memcpy) fits the whole state in one slot (W = 1); ``by_window`` shows the bytes at larger W.
-With fp32 compute weights a FROZEN operator costs 4 of an ACTIVE one's 12 B/param, so the mean
-slot tends to 2 + 12/W B/param x params for large W: the reduction is bounded by 6x. Dense copies
+The trainer computes with ``compute_dtype`` (default bfloat16: fp32 masters, each parameter used
+rounded to bfloat16, :mod:`lifeline.models.gpt_moe._precision`), so a FROZEN operator costs its
+compute weights, 2 of an ACTIVE one's 12 B/param (MoEvement §4's pricing), cast as they are copied
+(the runtime's capture); ``frozen_fp32`` is the same schedule with fp32 FROZEN copies (4 B/param),
+measured in the same run. A slot's FROZEN operators are the later slots' (half the parameters on
+average over a window), so the mean slot tends to ``frozen / 2 + 12 / W`` B/param x params for
+large W: the reduction is bounded by 12x (bfloat16) and 6x (fp32). Dense copies
 beside the slots (``checkpoint.every: D``) add ``dense / D`` per step (:func:`with_dense`): each row
 says from which D dense + sparse copies fewer bytes than dense alone at every step.
 """
@@ -29,8 +34,10 @@ import torch
 
 __all__ = ["checkpoint_rows", "with_dense"]
 
-def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int = 3) -> float:
-    """Median seconds to copy ``tensors`` back to back into ``buf`` (uint8)."""
+def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int = 3,
+                  frozen: list[torch.Tensor] = (), dtype: torch.dtype = torch.float32) -> float:
+    """Median seconds to copy ``tensors`` back to back into ``buf`` (uint8), then ``frozen`` cast
+    to ``dtype`` on the way (one pass, as the capture of FROZEN compute weights does)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -38,6 +45,10 @@ def _copy_seconds(tensors: list[torch.Tensor], buf: torch.Tensor, repeats: int =
         for t in tensors:
             n = t.numel() * t.element_size()
             buf[off:off + n].copy_(t.reshape(-1).view(torch.uint8))
+            off += n
+        for t in frozen:
+            n = t.numel() * dtype.itemsize
+            buf[off:off + n].view(dtype).copy_(t.reshape(-1))
             off += n
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -72,13 +83,13 @@ def _overlapped_stall(trainer: Any, tensors: list[torch.Tensor], buf: torch.Tens
     return statistics.mean(waits[:-1] or waits)
 
 
-def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
+def _one(experts: int, steps: int, windows: tuple[int, ...], compute_dtype: str) -> dict[str, Any]:
     from lifeline.checkpoint import Layout, budget_bytes, plan_window, with_window
     from lifeline.models.gpt_moe import GPTMoEConfig, GPTMoETrainer, deterministic_cpu
 
     deterministic_cpu()
     cfg = GPTMoEConfig(n_experts=experts, top_k=2, d_model=64, d_expert=128, n_layers=2, seq_len=64, micro_batch=4,
-                       micro_batches=2, corpus_bytes=1 << 18)
+                       micro_batches=2, corpus_bytes=1 << 18, compute_dtype=compute_dtype)
     trainer = GPTMoETrainer(cfg, Layout(), 0)
     trainer.connect()
     counts: dict[str, int] = {}
@@ -100,15 +111,18 @@ def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
     dense_seconds = _copy_seconds(dense, buf)
     bandwidth = dense_bytes / dense_seconds
     budget = budget_bytes(step_seconds, bandwidth)
-    measured = plan_window(operators, budget_bytes=budget)
+    frozen_dtype = trainer.compute_dtype
+    per_param = frozen_dtype.itemsize
+    measured = plan_window(operators, budget_bytes=budget, compute_bytes_per_param=per_param)
 
-    def sparse(schedule) -> dict[str, Any]:
+    def sparse(schedule, dtype: torch.dtype = frozen_dtype) -> dict[str, Any]:
         slot_bytes, slot_seconds = [], []
         for i in range(schedule.window):
             tensors = [t for name in schedule.slots[i] for t in full[name]]
-            tensors += [t for name in schedule.frozen(i) for t in weights[name]]
-            slot_bytes.append(sum(t.numel() * t.element_size() for t in tensors))
-            slot_seconds.append(_copy_seconds(tensors, buf))
+            frozen = [t for name in schedule.frozen(i) for t in weights[name]]
+            slot_bytes.append(sum(t.numel() * t.element_size() for t in tensors)
+                              + sum(t.numel() * dtype.itemsize for t in frozen))
+            slot_seconds.append(_copy_seconds(tensors, buf, frozen=frozen, dtype=dtype))
         mean_bytes = statistics.mean(slot_bytes)
         return {"window": schedule.window, "sparse_bytes_per_step": round(mean_bytes),
                 "sparse_max_slot_bytes": max(slot_bytes), "sparse_stall_seconds": round(statistics.mean(slot_seconds), 6),
@@ -116,15 +130,18 @@ def _one(experts: int, steps: int, windows: tuple[int, ...]) -> dict[str, Any]:
                 **with_dense(dense_bytes, round(mean_bytes), schedule.window)}
 
     overlapped = _overlapped_stall(trainer, dense, buf, steps)
-    unbounded = plan_window(operators, budget_bytes=1 << 62)
+    unbounded = plan_window(operators, budget_bytes=1 << 62, compute_bytes_per_param=per_param)
     return {
-        "experts_per_layer": experts, "operators": len(operators),
+        "experts_per_layer": experts, "operators": len(operators), "compute_dtype": compute_dtype,
+        "frozen_bytes_per_param": per_param,
         "step_seconds": round(step_seconds, 6), "copy_bytes_per_second": round(bandwidth),
         "budget_bytes": budget, "over_budget": measured.over_budget,
         "dense_bytes_per_step": dense_bytes, "dense_stall_seconds": round(dense_seconds, 6),
         "dense_overlapped_stall_seconds": round(overlapped, 6),
         **sparse(measured),
         "by_window": [sparse(with_window(unbounded, w)) for w in windows if w <= len(operators)],
+        "frozen_fp32": {"by_window": [sparse(with_window(unbounded, w), torch.float32) for w in windows
+                                      if w <= len(operators)]} if per_param < 4 else None,
     }
 
 
@@ -144,8 +161,11 @@ def with_dense(dense_bytes: int, sparse_bytes: float, window: int) -> dict[str, 
 
 
 def checkpoint_rows(experts: tuple[int, ...] = (8, 32, 64), steps: int = 4,
-                    windows: tuple[int, ...] = (4, 8, 16, 32)) -> list[dict[str, Any]]:
+                    windows: tuple[int, ...] = (4, 8, 16, 32), compute_dtype: str = "bfloat16"
+                    ) -> list[dict[str, Any]]:
     """One row per expert count (see the module docstring): the window the measured budget gives
     (``window``, ``bytes_reduction`` ...) and, in ``by_window``, the same at each W of ``windows``
-    (the budget a faster accelerator step would give: W = operators / operators per slot)."""
-    return [_one(e, steps, windows) for e in experts]
+    (the budget a faster accelerator step would give: W = operators / operators per slot), with
+    FROZEN copies in ``compute_dtype`` (``"bfloat16"`` or ``"float32"``; with bfloat16,
+    ``frozen_fp32`` repeats ``by_window`` with fp32 FROZEN copies)."""
+    return [_one(e, steps, windows, compute_dtype) for e in experts]

@@ -141,6 +141,8 @@ def moe_command(
     state_dir: str = _state_dir("Directory for the runs (default: a new temp dir)."),
     model: str = typer.Option("gpt-moe", "--model",
                               help="gpt-moe (the reference trainer) or pipelining-moe (examples/pipelining-moe)."),
+    compute_dtype: str = typer.Option("bfloat16", "--compute-dtype", help="The checkpoint rows' model compute "
+                                      "dtype, which FROZEN copies are stored in: bfloat16 or float32."),
 ) -> None:
     """MoE: checkpoint bytes and stall per step (dense vs sparse), upstream-log bytes, localized vs global
     recovery of one stage, and ETTR at scale next to CheckFreq, Gemini and MoEvement."""
@@ -155,11 +157,13 @@ def moe_command(
            (every < 1, "--every", f"must be >= 1, got {every}"),
            (not every < fail_step < steps, "--fail-step", f"must be in (--every, --steps), got {fail_step}"),
            (model not in ("gpt-moe", "pipelining-moe"), "--model", f"must be gpt-moe or pipelining-moe, got {model!r}"),
+           (compute_dtype not in ("bfloat16", "float32"), "--compute-dtype",
+            f"must be bfloat16 or float32, got {compute_dtype!r}"),
            state_dir=state_dir)
     from lifeline.bench.moe import run
 
     typer.echo(json.dumps(run(experts=counts, steps=steps, fail_step=fail_step, every=every, recovery=recovery,
-                              workdir=state_dir, model=model), indent=1))
+                              workdir=state_dir, model=model, compute_dtype=compute_dtype), indent=1))
 
 
 @app.command("crash")
@@ -252,6 +256,9 @@ def fuzz_command(
                               "(examples/pipelining-moe's script: 2-3 stages, docs/fuzz.md)."),
     exact_reference: bool = typer.Option(False, "--exact-reference", help="One failure-free reference per full "
                                          "configuration (default: one per shape: layout, model, steps)."),
+    draws: int = typer.Option(None, "--draws", help="Draw version (gpt-moe: 2, the default, also draws "
+                              "compute_dtype; 1 replays seeds found before it; 3 adds a preempt, transient nan or "
+                              "slow fault; docs/fuzz.md)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the state dirs of passed trials too."),
     templates: bool = typer.Option(False, "--templates", help="Fork the faulted runs' processes from template "
                                    "processes, as lifeline run does (default: fresh processes; docs/fuzz.md)."),
@@ -265,11 +272,14 @@ def fuzz_command(
            (seed < 0, "--seed", f"must be >= 0, got {seed}"),
            (not 2 <= max_world <= 8, "--max-world", f"must be in [2, 8], got {max_world}"),
            (model not in ("gpt-moe", "pipelining-moe"), "--model", f"must be gpt-moe or pipelining-moe, got {model!r}"),
+           (draws is not None and draws < 1, "--draws", f"must be >= 1, got {draws}"),
            state_dir=state_dir)
-    from lifeline.bench.fuzz import run
+    from lifeline.bench.fuzz import drawer, run
 
+    drawer(model, draws)  # an unknown draw version is refused before any run
     typer.echo(json.dumps(run(trials=trials, seed=seed, max_world=max_world, workdir=state_dir, keep=keep,
-                              exact_reference=exact_reference, templates=templates, model=model), indent=1))
+                              exact_reference=exact_reference, templates=templates, model=model, draws=draws),
+                          indent=1))
 
 
 def _changes(text: str) -> tuple[tuple[int, int], ...] | None:

@@ -46,7 +46,7 @@ from lifeline.bench._fuzz_check import (
     time_bound,
     time_problems,
 )
-from lifeline.bench._fuzz_draw import MAX_WORLD, FuzzTrial, draw, moment_of
+from lifeline.bench._fuzz_draw import DRAWS, MAX_WORLD, FuzzTrial, draw, moment_of
 from lifeline.bench.chaos import _load
 
 __all__ = ["run", "run_one", "check", "replay_command", "commit_seed", "References", "TRIAL_TIMEOUT", "MODELS",
@@ -59,29 +59,36 @@ TRIAL_TIMEOUT = 600.0
 """A run (reference or trial) still going after this many seconds fails."""
 
 
-def drawer(model: str = MODELS[0]):
-    """The draw function (``draw(seed, *, max_world) -> FuzzTrial``) of ``model`` (:data:`MODELS`).
+def drawer(model: str = MODELS[0], draws: int | None = None):
+    """The draw function (``draw(seed, *, max_world) -> FuzzTrial``) of ``model`` (:data:`MODELS`), at
+    draw version ``draws`` (default: the model's default, :data:`lifeline.bench._fuzz_draw.DRAWS`;
+    version 3 adds the new fault kinds, opt-in).
 
     Raises:
-        ConfigError: an unknown model.
+        ConfigError: an unknown model, or a draw version the model does not have.
     """
+    from lifeline.errors import ConfigError
+
     if model == MODELS[0]:
-        return draw
+        version = DRAWS if draws is None else draws
+        draw(0, max_world=2, draws=version)  # refuses an unknown version
+        return lambda seed, *, max_world=MAX_WORLD: draw(seed, max_world=max_world, draws=version)
     if model == MODELS[1]:
         from lifeline.bench._fuzz_pipelining import draw as draw_pipelining
 
+        if draws not in (None, 1):
+            raise ConfigError(f"--model {model} has draw version 1 only, got --draws {draws}", field="--draws")
         return draw_pipelining
-    from lifeline.errors import ConfigError
-
     raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {model!r}", field="--model")
 
 
 def replay_command(seed: int, max_world: int = MAX_WORLD, exact_reference: bool = False,
-                   model: str = MODELS[0]) -> str:
-    """The command that replays the trial of ``seed``."""
+                   model: str = MODELS[0], draws: int | None = None) -> str:
+    """The command that replays the trial of ``seed`` (``--draws`` when not the model's newest version)."""
     extra = "" if max_world == MAX_WORLD else f" --max-world {max_world}"
     extra += " --exact-reference" if exact_reference else ""
     extra += "" if model == MODELS[0] else f" --model {model}"
+    extra += "" if draws is None or (model == MODELS[0] and draws == DRAWS) else f" --draws {draws}"
     return f"lifeline bench fuzz --seed {seed} --trials 1{extra}"
 
 
@@ -155,17 +162,19 @@ def check(trial: FuzzTrial, summary: dict[str, Any], ref: dict[str, Any]) -> tup
 
 
 def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WORLD, keep: bool = False,
-            timeout: float = TRIAL_TIMEOUT, templates: bool = False, model: str = MODELS[0]) -> dict[str, Any]:
+            timeout: float = TRIAL_TIMEOUT, templates: bool = False, model: str = MODELS[0],
+            draws: int | None = None) -> dict[str, Any]:
     """Draw, run and check the trial of ``seed`` (its state under ``root``; removed when it passed,
-    unless ``keep``; ``templates``: the faulted run forks its processes from templates; ``model``: whose
-    draws, :func:`drawer`). Returns ``{"seed", "config", "reasons", "replay", "summary", ...}``."""
-    trial = drawer(model)(seed, max_world=max_world)
+    unless ``keep``; ``templates``: the faulted run forks its processes from templates; ``model`` and
+    ``draws``: whose draws, which version, :func:`drawer`). Returns ``{"seed", "config", "reasons",
+    "replay", "summary", ...}``."""
+    trial = drawer(model, draws)(seed, max_world=max_world)
     t0 = time.monotonic()
     ref = refs.get(trial)
     ref_seconds = time.monotonic() - t0
     state = root / f"trial-{seed}"
     out: dict[str, Any] = {"seed": seed, "config": trial.describe(), "replay": replay_command(seed, max_world,
-                                                                                          refs.exact, model)}
+                                                                                          refs.exact, model, draws)}
     if not ref["ok"]:
         out.update(reasons=[f"the failure-free reference did not succeed: {ref['why']} (logs in "
                             f"{ref['state_dir']})"], summary=None, figures={}, state_dir=ref["state_dir"],
@@ -188,7 +197,8 @@ def run_one(seed: int, *, root: Path, refs: References, max_world: int = MAX_WOR
 
 def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir: str | None = None,
         keep: bool = False, exact_reference: bool = False, timeout: float = TRIAL_TIMEOUT,
-        progress: bool = True, templates: bool = False, model: str = MODELS[0]) -> dict[str, Any]:
+        progress: bool = True, templates: bool = False, model: str = MODELS[0], draws: int | None = None
+        ) -> dict[str, Any]:
     """Run ``trials`` trials (trial ``i`` has seed ``seed + i``) of ``model`` (:data:`MODELS`); returns
     the JSON object.
 
@@ -200,7 +210,7 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
     per kind, ``moments`` (where the faults were placed), ``configs`` (what was drawn), ``references``
     (failure-free runs), wall time per trial, load.
     """
-    draw_trial = drawer(model)
+    draw_trial = drawer(model, draws)
     root = Path(workdir or tempfile.mkdtemp(prefix="lifeline-bench-fuzz-"))
     root.mkdir(parents=True, exist_ok=True)
     refs = References(root, exact=exact_reference, keep=keep, timeout=timeout)
@@ -216,10 +226,12 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
     failed, walls, extra, replans = [], [], 0, 0
     for i in range(trials):
         res = run_one(seed + i, root=root, refs=refs, max_world=max_world, keep=keep, timeout=timeout,
-                      templates=templates, model=model)
+                      templates=templates, model=model, draws=draws)
         s, cfg = res["summary"], res["config"]
         for k in ("layout", "schedule", "every", "persist_every", "keep", "sparse_window", "localized_replay",
-                  "elastic", "micro_batches"):
+                  "elastic", "micro_batches", "compute_dtype"):
+            if k not in cfg:
+                continue
             v = cfg[k] if k != "layout" else "x".join(str(cfg[k][d]) for d in ("tensor", "pipeline", "data", "expert"))
             configs.setdefault(k, {})[str(v)] = configs.setdefault(k, {}).get(str(v), 0) + 1
         if s is not None:
@@ -255,7 +267,8 @@ def run(*, trials: int = 100, seed: int = 0, max_world: int = MAX_WORLD, workdir
                                                                    if res["reasons"] else ""),
                   file=sys.stderr, flush=True)
     return {
-        "bench": "fuzz", "bed": "lifeline run", "model": model, "seed": seed, "max_world": max_world, "trials": trials,
+        "bench": "fuzz", "bed": "lifeline run", "model": model, "seed": seed, "max_world": max_world,
+        "draws": draws if draws is not None else (DRAWS if model == MODELS[0] else 1), "trials": trials,
         "failures": len(failed), "passed": trials - len(failed), "failed": failed,
         "recoveries_per_rung": dict(sorted(rungs.items())), "recoveries_per_tier": dict(sorted(tiers.items())),
         "time_lost_seconds": {k: {"n": len(lost.get(k, [])), "median": median(lost.get(k, [])),

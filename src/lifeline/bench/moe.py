@@ -28,13 +28,17 @@ __all__ = ["run"]
 
 def run(*, experts: tuple[int, ...] = (8, 32, 64), steps: int = 12, fail_step: int = 7, every: int = 4,
         recovery: bool = True, workdir: str | None = None,
-        recovery_costs: dict[str, Any] | None = None, model: str = "gpt-moe") -> dict[str, Any]:
+        recovery_costs: dict[str, Any] | None = None, model: str = "gpt-moe",
+        compute_dtype: str = "bfloat16") -> dict[str, Any]:
     """Run every row (see the module docstring); returns the JSON-ready object.
 
     ``model``: ``gpt-moe`` (the reference trainer) or ``pipelining-moe`` (examples/pipelining-moe, a
     ``torch.distributed.pipelining`` script: the recovery rows run it, the checkpoint row compares its
     stages' dense state with the sparse run's slot bytes, and no ETTR rows, which are priced for the
     reference model's layer sizes; :mod:`lifeline.bench._moe_pipelining`).
+
+    ``compute_dtype``: the checkpoint rows' model compute dtype, which FROZEN copies are stored in
+    (``"bfloat16"``: 2 B/param, MoEvement's pricing, with fp32 FROZEN copies beside; ``"float32"``).
 
     ``recovery_costs``: a ``lifeline bench recovery`` result whose detection, restart and
     rendezvous times the ETTR rows charge every system (default: the localized recovery row's).
@@ -54,7 +58,7 @@ def run(*, experts: tuple[int, ...] = (8, 32, 64), steps: int = 12, fail_step: i
         rows["checkpoint"] = pipelining_checkpoint_row(rows.get("recovery"))
         rows["state_dir"] = str(root)
         return rows
-    out: dict[str, Any] = {"checkpoint": checkpoint_rows(experts)}
+    out: dict[str, Any] = {"checkpoint": checkpoint_rows(experts, compute_dtype=compute_dtype)}
     big = [r for r in out["checkpoint"] if r["experts_per_layer"] >= 32]
     at16 = [next((w["bytes_reduction"] for w in r["by_window"] if w["window"] == 16), None) for r in big]
     out["checkpoint_target"] = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import os
@@ -87,6 +87,7 @@ class Catalog(_Holdings):
         self._persisted = self._r.register_script(_scripts.PERSISTED)
         self._register_holding_scripts()
         self._put_plan = self._r.register_script(_scripts.PUT_PLAN)
+        self._record_log = self._r.register_script(_scripts.RECORD_LOG)
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -200,13 +201,20 @@ class Catalog(_Holdings):
         failure, and a later plan (a second failure before the replaced sidecar registers) must not
         name one (fuzz seed 193682496). Storing the same plan again (after a Redis restart) forgets nothing.
 
+        The upstream logs die with them too: each dead sidecar held its rank's log and the replicas
+        of other ranks' logs. A step of a rank's log whose original and replica have both died since
+        (over any number of plans) is below the rank's floor, and its coverage
+        (:meth:`log_coverage`) starts after the floor from then on (fuzz seed 3089: a replay was
+        planned from log entries whose two holders had died in two failures).
+
         Returns:
             How many holdings were forgotten.
 
         Raises:
             CatalogError: Redis unreachable.
         """
-        keys = [self.keys.plan(plan.generation), self.keys.generation]
+        keys = [self.keys.plan(plan.generation), self.keys.generation, self.keys.logs, self.keys.logs_gone,
+                self.keys.logs_floor]
         args = [plan.generation, plan.to_json(), self.keys.holders_prefix, self.keys.held_prefix,
                 *plan.memory_lost_ranks]
         return int(self._call(self._put_plan, keys=keys, args=args) or 0)
@@ -276,14 +284,31 @@ class Catalog(_Holdings):
         return self.keys.rendezvous(generation)
 
     # --- upstream-log coverage -----------------------------------------------------------------
-    def record_log_coverage(self, coverage: LogCoverage) -> None:
-        """Record which steps the upstream log of ``coverage.rank`` covers."""
-        self._call(self._r.hset, self.keys.logs, str(coverage.rank), coverage.to_json())
+    def record_log_coverage(self, coverage: LogCoverage) -> bool:
+        """Record which steps the upstream log of ``coverage.rank`` covers, from the step after the
+        rank's floor on (steps whose every copy died, :meth:`put_plan`). False when nothing of the
+        range is above the floor (the rank's coverage is then removed).
+
+        Raises:
+            CatalogError: Redis unreachable.
+        """
+        keys = [self.keys.logs, self.keys.logs_floor]
+        args = [coverage.rank, coverage.first_step, coverage.last_step, coverage.replicas]
+        return bool(self._call(self._record_log, keys=keys, args=args))
 
     def log_coverage(self) -> tuple[LogCoverage, ...]:
-        """The recorded coverage of every rank that logs, by rank."""
-        raw = self._call(self._r.hgetall, self.keys.logs)
-        return tuple(self._call(LogCoverage.from_json, int(s), v) for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])))
+        """The recorded coverage of every rank that logs, by rank, with the steps of its log whose
+        originals and whose replicas died (``originals_lost_to`` / ``replicas_lost_to``, -1: none)."""
+        p = self._r.pipeline(transaction=True)
+        p.hgetall(self.keys.logs)
+        p.hgetall(self.keys.logs_gone)
+        raw, gone = self._call(p.execute)
+        out = []
+        for s, v in sorted(raw.items(), key=lambda kv: int(kv[0])):
+            c = self._call(LogCoverage.from_json, int(s), v)
+            out.append(replace(c, originals_lost_to=int(gone.get(f"o:{s}", -1)),
+                               replicas_lost_to=int(gone.get(f"r:{s}", -1))))
+        return tuple(out)
 
     # --- sparse windows in L2 -------------------------------------------------------------------
     def record_windows(self, windows: PersistedWindows) -> None:

@@ -26,7 +26,11 @@ All keys are namespaced ``lifeline:<job>:``:
 ``beats``                      hash rank -> seconds since the epoch of the rank's latest recovery beat
                                (written every second while its trainer starts or recovers)
 ``rdzv:<generation>``          ``host:port`` of that generation's rendezvous store
-``logs``                       hash stage -> upstream-log coverage ``{"first": s, "last": s}``
+``logs``                       hash rank -> upstream-log coverage ``{"first": s, "last": s, "replicas": n}``
+``logs:gone``                  hash ``o:<rank>`` / ``r:<rank>`` -> the last step of the rank's log whose
+                               original / replica died with a sidecar (written by plans)
+``logs:floor``                 hash rank -> the last step of its log with no copy left (coverage
+                               starts after it)
 ``windows``                    hash rank -> its sparse windows committed to L2 ``{"starts": [...], "window": W}``
 ``owner``                      UID of the TrainingJob owning these keys
 ``spared``                     a step no sidecar evicts from memory (set, with a TTL, atomically with the
@@ -105,6 +109,8 @@ class Keys:
     progress = property(lambda self: f"{self.prefix}progress")
     beats = property(lambda self: f"{self.prefix}beats")
     logs = property(lambda self: f"{self.prefix}logs")
+    logs_gone = property(lambda self: f"{self.prefix}logs:gone")
+    logs_floor = property(lambda self: f"{self.prefix}logs:floor")
     windows = property(lambda self: f"{self.prefix}windows")
     owner = property(lambda self: f"{self.prefix}owner")
     spared = property(lambda self: f"{self.prefix}spared")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ADVANCE", "RESTORE_COMPLETE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "PRUNE"]
+__all__ = ["ADVANCE", "RESTORE_COMPLETE", "PERSISTED", "SPARE", "RELEASE", "PUT_PLAN", "RECORD_LOG", "PRUNE"]
 
 ADVANCE = """
 -- KEYS[1] = complete, KEYS[2] = complete:floors; ARGV = world_size, tier, holders prefix, rank, floor,
@@ -102,14 +102,27 @@ return 1
 Redis: a copy forgotten first makes the spare fail (the planner sees it gone); a spare set first keeps it."""
 
 PUT_PLAN = """
--- KEYS[1] = plan:<generation>, KEYS[2] = generation; ARGV = generation, plan JSON, holders prefix, held
--- prefix, then the ranks whose sidecars' memory died. Returns how many holdings were forgotten. They are
--- forgotten only when the plan advances the stored generation (or is the first plan): a plan stored again
--- (a Redis restart, a retried write) leaves the copies that the replaced sidecars registered since
--- untouched. Each dead sidecar's copies are read from its reverse index held:<h> (O(copies it held)).
+-- KEYS[1] = plan:<generation>, KEYS[2] = generation, KEYS[3] = logs, KEYS[4] = logs:gone, KEYS[5] =
+-- logs:floor; ARGV = generation, plan JSON, holders prefix, held prefix, then the ranks whose sidecars'
+-- memory died. Returns how many holdings were forgotten. They are forgotten only when the plan advances
+-- the stored generation (or is the first plan): a plan stored again (a Redis restart, a retried write)
+-- leaves the copies that the replaced sidecars registered since untouched. Each dead sidecar's copies are
+-- read from its reverse index held:<h> (O(copies it held)).
+--
+-- Upstream logs (fuzz seed 3089): a dead sidecar held the originals of its rank's log and the replicas
+-- of other ranks' logs. logs:gone keeps, per logging rank k, two prefixes: o:<k>, the steps whose
+-- originals died (k's sidecar died), and r:<k>, the steps whose replica may have died (any other
+-- sidecar died: the holder of k's replica is not known here, so any death counts). Steps up to the lower
+-- of the two have no copy left: that is k's floor (logs:floor), and k's coverage starts after it. A log
+-- kept without replicas (replicas 0) loses everything with its sidecar.
 local g = tonumber(ARGV[1])
 local cur = redis.call('GET', KEYS[2])
 local dropped = 0
+local function mark(field, step)
+  local old = tonumber(redis.call('HGET', KEYS[4], field) or '-1')
+  if step > old then redis.call('HSET', KEYS[4], field, step) return step end
+  return old
+end
 if (cur and tonumber(cur) < g) or (not cur and g == 1) then
   for i = 5, #ARGV do
     local held = ARGV[4] .. ARGV[i]
@@ -120,6 +133,34 @@ if (cur and tonumber(cur) < g) or (not cur and g == 1) then
       end
     end
     redis.call('DEL', held)
+    local logs = redis.call('HGETALL', KEYS[3])
+    for j = 1, #logs, 2 do
+      local k = logs[j]
+      local ok, doc = pcall(cjson.decode, logs[j + 1])
+      if ok and type(doc) == 'table' and tonumber(doc['first']) and tonumber(doc['last']) then
+        local last = tonumber(doc['last'])
+        local o, r
+        if k == ARGV[i] then
+          o = mark('o:' .. k, last)
+          r = tonumber(redis.call('HGET', KEYS[4], 'r:' .. k) or '-1')
+          if tonumber(doc['replicas'] or 1) == 0 then r = last end
+        else
+          o = tonumber(redis.call('HGET', KEYS[4], 'o:' .. k) or '-1')
+          r = mark('r:' .. k, last)
+        end
+        local floor = math.max(math.min(o, r), tonumber(redis.call('HGET', KEYS[5], k) or '-1'))
+        if floor >= 0 then
+          redis.call('HSET', KEYS[5], k, floor)
+          local first = math.max(tonumber(doc['first']), floor + 1)
+          if first > last then
+            redis.call('HDEL', KEYS[3], k)
+          else
+            redis.call('HSET', KEYS[3], k, cjson.encode({first = first, last = last,
+                                                         replicas = tonumber(doc['replicas'] or 1)}))
+          end
+        end
+      end
+    end
   end
 end
 redis.call('SET', KEYS[1], ARGV[2])
@@ -128,6 +169,22 @@ return dropped
 """
 """Store a plan and make its generation current, forgetting (atomically, before any replacement sidecar
 can register) the memory copies that died with the failures it answers."""
+
+RECORD_LOG = """
+-- KEYS[1] = logs, KEYS[2] = logs:floor; ARGV = rank, first, last, replicas. Records the rank's coverage,
+-- starting after its floor (PUT_PLAN): a trainer that kept running through a plan still counts from the
+-- first step it logged, which may have died since. 1: recorded; 0: nothing above the floor (deleted).
+local floor = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1')
+local first = math.max(tonumber(ARGV[2]), floor + 1)
+local last = tonumber(ARGV[3])
+if first > last then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode({first = first, last = last, replicas = tonumber(ARGV[4])}))
+return 1
+"""
+"""Record a rank's upstream-log coverage above the floor the plans left it (steps of its log that died)."""
 
 PRUNE = """
 -- KEYS[1] = steps, KEYS[2] = pruned (the newest step examined so far); ARGV = horizon, key prefix, batch.

@@ -164,21 +164,31 @@ class LogCoverage:
     """Upstream-log coverage of one rank (``logs`` hash, field = rank): the tensors ``rank`` sent
     across pipeline boundaries (and the gradient norms) while computing steps
     ``first_step``..``last_step`` inclusive are held by its sidecar and replicated to a peer
-    (localized replay of a neighbouring stage reads them)."""
+    (localized replay of a neighbouring stage reads them).
+
+    ``replicas`` is how many peers hold a copy of each entry (the sidecar's ``peer_replicas``): with
+    none, the loss of the rank's sidecar loses its log. ``originals_lost_to`` and ``replicas_lost_to``
+    are the last steps whose originals / replicas died with a sidecar (-1: none; written by plans,
+    :meth:`lifeline.catalog.Catalog.put_plan`, kept apart from this document). Equality ignores these
+    three (what a plan reads is the range)."""
 
     rank: int
     first_step: int
     last_step: int
+    replicas: int = field(default=1, compare=False)
+    originals_lost_to: int = field(default=-1, compare=False)
+    replicas_lost_to: int = field(default=-1, compare=False)
 
     def to_json(self) -> str:
-        return json.dumps({"first": self.first_step, "last": self.last_step}, sort_keys=True)
+        return json.dumps({"first": self.first_step, "last": self.last_step, "replicas": self.replicas},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, rank: int, text: str | bytes) -> LogCoverage:
         """Raises: CatalogError: not a coverage document."""
         d = _object(text, "upstream-log coverage")
         try:
-            return cls(rank, int(d["first"]), int(d["last"]))
+            return cls(rank, int(d["first"]), int(d["last"]), int(d.get("replicas", 1)))
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed upstream-log coverage: {err!r}") from None
 

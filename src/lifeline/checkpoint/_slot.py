@@ -28,7 +28,7 @@ import torch
 from lifeline.checkpoint._blob import read_shard
 from lifeline.checkpoint._layout import Layout
 from lifeline.checkpoint._shard_metadata import ShardMetadata, seal_shard
-from lifeline.checkpoint._shard_plan import plan_shard, write_shard
+from lifeline.checkpoint._shard_plan import dtype_from_name, plan_shard, write_shard
 from lifeline.checkpoint._rules import PatternRules
 from lifeline.errors import ChecksumError, ConfigError, ManifestError
 
@@ -107,10 +107,13 @@ class SlotRecord:
             raise ManifestError(f"malformed slot record: {err!r}") from err
 
 
-def slot_entries(state: Mapping[str, Any], record: SlotRecord, members: Mapping[str, OperatorMembers]
-                 ) -> dict[str, Any]:
+def slot_entries(state: Mapping[str, Any], record: SlotRecord, members: Mapping[str, OperatorMembers], *,
+                 compute_dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The entries of ``state`` slot ``record`` captures: every entry of its ACTIVE operators, the
-    weights of its FROZEN ones and every byte entry (data position, RNG). Tensors are not copied.
+    weights of its FROZEN ones and every byte entry (data position, RNG). ACTIVE tensors are not
+    copied; FROZEN weights are their compute weights: cast to ``compute_dtype`` when it is a
+    floating dtype narrower than theirs (bfloat16 masters of fp32 weights: 2 bytes per parameter,
+    MoEvement §4; exact when the forward pass uses them so rounded), else not copied either.
 
     Raises:
         ConfigError: an operator of ``record`` missing from ``members``, or a member missing
@@ -120,15 +123,28 @@ def slot_entries(state: Mapping[str, Any], record: SlotRecord, members: Mapping[
     for op in record.active:
         m = _members(members, op)
         names += [*m.weights, *m.optimizer]
+    frozen: set[str] = set()
     for op in record.frozen:
-        names += list(_members(members, op).weights)
+        frozen.update(_members(members, op).weights)
+    names += sorted(frozen)
     out = {}
     for n in names:
         if n not in state:
             raise ConfigError(f"operator member {n!r} is not in the state", field="members")
-        out[n] = state[n]
+        out[n] = _compute_weight(state[n], compute_dtype) if n in frozen else state[n]
     out.update((k, v) for k, v in state.items() if not isinstance(v, torch.Tensor))
     return out
+
+
+def _narrower(dtype: torch.dtype | None, t: Any) -> bool:
+    """Whether ``dtype`` is a floating dtype narrower than floating tensor ``t``'s (bf16 of fp32)."""
+    return (dtype is not None and isinstance(t, torch.Tensor) and t.is_floating_point() and dtype.is_floating_point
+            and torch.finfo(dtype).bits < torch.finfo(t.dtype).bits)
+
+
+def _compute_weight(t: Any, dtype: torch.dtype | None) -> Any:
+    """``t`` in ``dtype`` when that is a narrower floating dtype (round to nearest even), else ``t``."""
+    return t.detach().to(dtype) if _narrower(dtype, t) else t
 
 
 def _members(members: Mapping[str, OperatorMembers], op: str) -> OperatorMembers:
@@ -159,8 +175,9 @@ def unpack_slot(data: Any, into: MutableMapping[str, Any], *, layout: Layout, ra
                 ) -> SlotRecord:
     """Verify a packed slot (every chunk's crc32c) and copy its entries into ``into`` in place.
 
-    Only the slot's entries are written; ``into`` must hold each of them with the saved shape
-    and dtype (byte entries are replaced). Returns the slot's :class:`SlotRecord`.
+    Only the slot's entries are written; ``into`` must hold each of them with the saved shape,
+    and with the saved dtype or a wider floating one (FROZEN compute weights stored in bfloat16 are
+    widened exactly into fp32 weights); byte entries are replaced. Returns the slot's :class:`SlotRecord`.
 
     Raises:
         ManifestError: not a slot (bad magic or header).
@@ -182,11 +199,24 @@ def unpack_slot(data: Any, into: MutableMapping[str, Any], *, layout: Layout, ra
     missing = [n for n in names if n not in into]
     if missing:
         raise ConfigError(f"the state to restore into lacks {missing[:3]} of slot {record.index}", field="into")
-    target = {n: into[n] for n in names}
+    target = {t.fqn: _staging(into[t.fqn], t.dtype) for t in stored.tensors}
     target.update({b.key: into.get(b.key, b"") for b in stored.bytes_entries})
     read_shard(plan_shard(target, layout, rank, rules), stored, blob, target)
-    into.update((k, v) for k, v in target.items() if not isinstance(v, torch.Tensor))
+    for k, v in target.items():
+        if not isinstance(v, torch.Tensor):
+            into[k] = v
+        elif v is not into[k]:  # a narrower compute weight, widened (exact)
+            with torch.no_grad():
+                into[k].copy_(v)
     return record
+
+
+def _staging(dst: Any, saved: str) -> Any:
+    """Where a saved tensor of dtype name ``saved`` is read before it reaches ``dst``: ``dst`` itself,
+    or ``dst`` rounded to the saved dtype when that is a narrower floating one (a FROZEN compute
+    weight; the elements no chunk holds, a ``Padded`` tensor's zero rows, round to themselves)."""
+    dtype = dtype_from_name(saved)
+    return dst.detach().to(dtype) if _narrower(dtype, dst) else dst  # else same dtype, or a mismatch read_shard reports
 
 
 

@@ -30,6 +30,15 @@ class _Coverage(Protocol):
     @property
     def last_step(self) -> int: ...
 
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def originals_lost_to(self) -> int: ...
+
+    @property
+    def replicas_lost_to(self) -> int: ...
+
 
 class _Windows(Protocol):
     """A rank's sparse windows committed to L2 (``lifeline.catalog.PersistedWindows`` has it)."""
@@ -103,6 +112,7 @@ class CatalogFacts:
             registered={rank: reg.node for rank, reg in view.registrations.items()},
             holdings=view.holdings,
             complete_step=view.complete_step,
-            upstream_logs=tuple(UpstreamLog(c.rank, c.first_step, c.last_step) for c in view.log_coverage),
+            upstream_logs=tuple(UpstreamLog(c.rank, c.first_step, c.last_step, c.replicas, c.originals_lost_to,
+                                             c.replicas_lost_to) for c in view.log_coverage),
             stored_windows=tuple(StoredWindows(w.rank, tuple(w.starts), w.window) for w in view.windows),
         )

@@ -31,6 +31,7 @@ Per rank the nearest tier wins (L0, then L1, then L2).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from lifeline.api.recovery import (
     TIERS,
@@ -89,6 +90,8 @@ def plan_recovery(
             cool[node] = max(cool.get(node, now), now + rec.node_cooldown_seconds)
     lost = {r for f in failures if f.kind.loses_memory for r in f.ranks}
     lost |= {r for r, n in enumerate(state.node_of_rank) if n in unready or n not in known}
+    if lost:  # the logs these sidecars held die with them (the plan's memory_lost_ranks; fuzz seed 3089)
+        state = replace(state, upstream_logs=UpstreamLog.after_losing(state.upstream_logs, lost))
     hang = any(f.kind is FailureKind.HANG for f in failures)
     restart = set(range(world)) - lost if hang else {r for f in failures for r in f.ranks} - lost
     avoid = set(cool) | failed_nodes | unready

@@ -7,7 +7,7 @@ processes. Times are seconds since the epoch (the caller's clock, passed in as `
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lifeline.api.recovery import TIERS, Holding, Tier
 from lifeline.api.trainingjob import LayoutSpec, RecoveryAction
@@ -59,15 +59,51 @@ class ClusterState:
 class UpstreamLog:
     """What ``rank`` logged of the tensors it sent across pipeline boundaries (activations to the
     stage after, gradients to the stage before, and the steps' gradient norms) while computing
-    steps ``first_step``..``last_step`` (inclusive): a neighbouring stage replays from them."""
+    steps ``first_step``..``last_step`` (inclusive): a neighbouring stage replays from them.
+
+    Each entry lives in the rank's sidecar (the original) and, with ``replicas`` > 0, in a peer's
+    (Gemini placement). ``originals_lost_to`` / ``replicas_lost_to``: the last step whose original /
+    replica died with a sidecar in an earlier failure (-1: none), kept by the catalog."""
 
     rank: int
     first_step: int
     last_step: int
+    replicas: int = 1
+    originals_lost_to: int = -1
+    replicas_lost_to: int = -1
 
     def covers(self, first: int, last: int) -> bool:
         """True when steps ``first``..``last`` (inclusive) are all logged (an empty range always is)."""
         return first > last or (self.first_step <= first and last <= self.last_step)
+
+    @staticmethod
+    def after_losing(logs: Iterable[UpstreamLog], lost: Iterable[int]) -> tuple[UpstreamLog, ...]:
+        """The coverage left of ``logs`` once the sidecars of ``lost`` (ranks) died, by rank; a rank
+        with nothing left is left out.
+
+        A dead sidecar held its rank's originals and the replicas of other ranks' logs; which peer
+        holds which replica is not recorded, so the death of any other sidecar counts as the death
+        of every other rank's replica. A step whose original and replica have both died is gone,
+        and the coverage starts after it. The catalog applies the same rule, atomically, when it
+        stores the plan (:meth:`lifeline.catalog.Catalog.put_plan`, script ``PUT_PLAN``): a plan is
+        made from what its own failures leave (fuzz seed 3089)."""
+        out = {log.rank: log for log in logs}
+        for dead in sorted(set(lost)):
+            for rank, log in list(out.items()):
+                last = log.last_step
+                if rank == dead:
+                    log = replace(log, originals_lost_to=max(log.originals_lost_to, last))
+                    replicas_to = log.replicas_lost_to if log.replicas > 0 else last
+                    originals_to = log.originals_lost_to
+                else:
+                    log = replace(log, replicas_lost_to=max(log.replicas_lost_to, last))
+                    replicas_to, originals_to = log.replicas_lost_to, log.originals_lost_to
+                first = max(log.first_step, min(originals_to, replicas_to) + 1)
+                if first > last:
+                    del out[rank]
+                else:
+                    out[rank] = replace(log, first_step=first)
+        return tuple(out[r] for r in sorted(out))
 
 
 @dataclass(frozen=True)

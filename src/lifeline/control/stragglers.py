@@ -18,6 +18,10 @@ the other ranks and an *individual* one against the rank's own best), written he
 The rule: a rank whose relative score exceeds ``threshold`` is a straggler. The window's median (not
 every step) makes one noisy step neither flag a rank nor clear a slow one. The individual score is
 reported only: a whole job that slows down (a shared file system, a loaded host) raises every rank's.
+
+:class:`StragglerWatch` keeps the samples of one job across rounds (each runner's: ``lifeline run``'s
+:mod:`lifeline.launch._stragglers`, the operator's :mod:`lifeline.operator.stragglers`): fed one catalog
+read per round, per generation, and flagging a rank once per generation.
 """
 
 from __future__ import annotations
@@ -25,11 +29,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from lifeline.api import StragglerSpec
+from lifeline.api.trainingjob import LayoutSpec
+from lifeline.control.state import stage_of
 from lifeline.errors import ConfigError
 
-__all__ = ["StragglerScore", "StragglerVerdict", "detect_stragglers", "samples_of"]
+__all__ = ["HISTORY_WINDOWS", "StragglerScore", "StragglerVerdict", "StragglerWatch", "detect_stragglers",
+           "samples_of"]
+
+HISTORY_WINDOWS = 4
+"""Steps of samples :class:`StragglerWatch` keeps per rank: this many windows (the individual score's history)."""
 
 
 @dataclass(frozen=True)
@@ -154,3 +165,81 @@ def _best(history: Mapping[int, float], window: int) -> float:
     if len(ordered) <= window:
         return statistics.median(ordered)
     return min(statistics.median(ordered[i:i + window]) for i in range(len(ordered) - window + 1))
+
+
+class _View(Protocol):
+    """What :meth:`StragglerWatch.observe` reads of one catalog read (``lifeline.catalog.CatalogView`` has it):
+    the generation and rank → its latest progress report (``.rank``, ``.generation``, ``.get(name)``)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def reports(self) -> Mapping[int, Any]: ...
+
+
+class StragglerWatch:
+    """One job's straggler state across rounds: the ranks' samples of the current generation, the
+    steps already judged and the ranks flagged (each once per generation).
+
+    The catalog keeps each rank's latest report only; each report's ``timings`` bring its recent steps,
+    merged here (the newest :data:`HISTORY_WINDOWS` × ``window`` steps kept per rank). A new generation
+    starts everything afresh: a moved rank is judged on its new node.
+
+    Args:
+        spec: ``spec.recovery.straggler``.
+
+    Attributes:
+        samples: rank → {step: compute seconds} of the current generation.
+        generation: the generation the samples belong to (``None`` before the first round).
+        flagged: rank → its score when first flagged in the current generation.
+        last: the latest verdict (``None`` before any).
+        layout: the current layout, when known: ranks are compared within their pipeline stage.
+    """
+
+    def __init__(self, spec: StragglerSpec) -> None:
+        self.spec = spec
+        self.samples: dict[int, dict[int, float]] = {}
+        self.generation: int | None = None
+        self.flagged: dict[int, StragglerScore] = {}
+        self.last: StragglerVerdict | None = None
+        self.layout: LayoutSpec | None = None
+        self._judged_through = 0
+
+    def observe(self, view: _View, world_size: int) -> StragglerVerdict | None:
+        """Take one round's reports in (ranks outside ``[0, world_size)`` are left out).
+
+        Returns:
+            The verdict when a step newer than the last judged could be judged, else ``None``.
+
+        Raises:
+            ConfigError: the spec's threshold or window is out of range (see :func:`detect_stragglers`).
+        """
+        if view.generation != self.generation:
+            self.samples, self.flagged, self.generation, self._judged_through = {}, {}, view.generation, 0
+        keep = HISTORY_WINDOWS * self.spec.window
+        for rank, new in samples_of(view.reports.values(), view.generation, world_size).items():
+            mine = self.samples.setdefault(rank, {})
+            mine.update(new)
+            for step in sorted(mine)[:-keep]:
+                del mine[step]
+        verdict = detect_stragglers(self.samples, threshold=self.spec.threshold, window=self.spec.window,
+                                    group_of=self.group_of(world_size))
+        if not verdict.steps or verdict.steps[-1] <= self._judged_through:
+            return None
+        self._judged_through = verdict.steps[-1]
+        self.last = verdict
+        return verdict
+
+    def group_of(self, world_size: int) -> dict[int, int]:
+        """rank → its pipeline stage in :attr:`layout` (stages differ in work: compared within one);
+        empty when no layout is known (every rank compared with every other)."""
+        return {r: stage_of(r, self.layout) for r in range(world_size)} if self.layout is not None else {}
+
+    def flag(self, verdict: StragglerVerdict) -> list[StragglerScore]:
+        """The stragglers of ``verdict`` not yet flagged this generation, now recorded in :attr:`flagged`
+        (ascending rank)."""
+        new = [s for s in verdict.scores if s.straggler and s.rank not in self.flagged]
+        for score in new:
+            self.flagged[score.rank] = score
+        return new

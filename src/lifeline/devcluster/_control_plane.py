@@ -110,8 +110,8 @@ def start_control_plane(state: ClusterState, bins: dict[str, Path], log: Callabl
 
     log(f"[up] redis on 127.0.0.1:{p.redis}, minio on 127.0.0.1:{p.minio}")
     r = RedisServer(state_dir=sd / "redis", port=p.redis).start()
-    state.pids["redis"] = r.detach()
+    state.record("redis", r.detach())
     m = MinioServer(state_dir=sd / "minio", port=p.minio, access_key=state.minio.access_key,
                     secret_key=state.minio.secret_key).start()
-    state.pids["minio"] = m.detach()
+    state.record("minio", m.detach())
     state.save()

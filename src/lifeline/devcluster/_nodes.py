@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.devcluster.pki import Pki, write_kubeconfig
 
 __all__ = ["issue_node_credentials", "node_agent_argv", "pod_process_groups"]
@@ -46,13 +47,13 @@ def node_agent_argv(state_dir: Path, name: str, *, index: int, node_dir: Path, s
     ]
 
 
-def pod_process_groups(node_dir: Path) -> list[int]:
-    """Process-group ids of the containers running on a node, read from the pid files its pod workers
-    keep under ``node_dir/pods/<uid>/containers/``; unreadable files are skipped."""
+def pod_process_groups(node_dir: Path) -> list[ProcessRef]:
+    """The containers running on a node (each the leader of its process group), read from the pid
+    files its pod workers keep under ``node_dir/pods/<uid>/containers/``; unreadable files are skipped."""
     out = []
     for f in (node_dir / "pods").glob("*/containers/*.pid"):
         try:
-            out.append(int(f.read_text().strip()))
+            out.append(ProcessRef.parse(f.read_text()))
         except (OSError, ValueError):
             continue
     return out

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.errors import ClusterError
 
 T = TypeVar("T")
@@ -94,30 +95,45 @@ def stopped(pid: int) -> bool:
         return False
 
 
-def kill_group(pid: int, sig: int) -> None:
-    """Send ``sig`` to the process group led by ``pid`` (ignoring a group already gone)."""
+def kill_group(target: int | ProcessRef, sig: int) -> None:
+    """Send ``sig`` to the process group led by ``target`` (ignoring a group already gone).
+
+    A :class:`ProcessRef` (a pid read from a record) is checked first: a stranger that has its pid
+    by now is left alone. A bare pid is for a process this caller started and has not reaped.
+    """
+    if isinstance(target, ProcessRef):
+        target.signal_group(sig)
+        return
     try:
-        os.killpg(pid, sig)
+        os.killpg(target, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def stop_group(pid: int, *, grace: float = 10.0, proc: subprocess.Popen | None = None) -> None:
-    """SIGTERM the process group of ``pid``, wait up to ``grace`` seconds, then SIGKILL it."""
-    if not alive(pid):
+def stop_group(target: int | ProcessRef, *, grace: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group led by ``target``, wait up to ``grace`` seconds, then SIGKILL it.
+
+    ``target`` is a :class:`ProcessRef` read from a record, or the pid of ``proc`` (a process this
+    caller started); either way the leader is followed by identity, so a pid reused while the group
+    winds down is never signalled.
+    """
+    if proc is not None and proc.poll() is not None:
+        return  # reaped: its pid may name another process already
+    ref = target if isinstance(target, ProcessRef) else ProcessRef.of(target)
+    if not ref.alive():
         _reap(proc)
         return
-    kill_group(pid, signal.SIGCONT)  # a frozen (SIGSTOPped) process cannot act on SIGTERM
-    kill_group(pid, signal.SIGTERM)
+    kill_group(ref, signal.SIGCONT)  # a frozen (SIGSTOPped) process cannot act on SIGTERM
+    kill_group(ref, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         _reap(proc)
-        if not alive(pid):
+        if not ref.alive():
             break
         time.sleep(0.05)
-    kill_group(pid, signal.SIGKILL)
+    kill_group(ref, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
+    while ref.alive() and time.monotonic() < deadline:
         _reap(proc)
         time.sleep(0.02)
     _reap(proc)

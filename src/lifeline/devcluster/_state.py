@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lifeline.devcluster import _proc
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.errors import ClusterError
 
 __all__ = ["STATE_FILE", "STATE_SUBDIRS", "CONTROL_PLANE", "Ports", "MinioAccess", "ClusterState", "is_running"]
@@ -137,9 +138,20 @@ class ClusterState:
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
         """Start daemon ``name`` (own session, output to :meth:`log_file`), record its pid and save; returns it."""
         p = _proc.spawn(argv, log=self.log_file(name), env=env, cwd=self.state_dir)
-        self.pids[name] = p.pid
+        self.record(name, p.pid)
         self.save()
         return p.pid
+
+    def record(self, name: str, pid: int) -> None:
+        """Record daemon ``name`` as process ``pid`` with its start time (call :meth:`save` after)."""
+        self.pids[name] = pid
+        self.data.setdefault("starts", {})[name] = ProcessRef.of(pid).start
+
+    def process(self, name: str) -> ProcessRef | None:
+        """Daemon ``name``'s recorded process (``None``: never started), checked by start time when
+        its signals are sent: a recorded pid may name another process by now."""
+        pid = self.data.get("pids", {}).get(name)
+        return None if not pid else ProcessRef(pid, self.data.get("starts", {}).get(name))
 
     def wait_http(self, name: str, url: str, timeout: float, ctx: ssl.SSLContext | None = None) -> None:
         """Wait up to ``timeout`` seconds until ``url`` answers 200.
@@ -147,10 +159,10 @@ class ClusterState:
         Raises:
             ClusterError: daemon ``name`` exited (with its log's tail), or the deadline passed.
         """
-        pid = self.pids[name]
+        ref = self.process(name)
 
         def check() -> None:
-            if not _proc.alive(pid):
+            if ref is None or not ref.alive():
                 raise ClusterError(f"{name} exited during startup; log {self.state_dir}/logs/{name}.log:\n"
                                    f"{self.log_tail(name)}")
 
@@ -162,7 +174,7 @@ class ClusterState:
 
     def running(self) -> list[str]:
         """Names of the recorded daemons that are alive now (as of the last :meth:`load`)."""
-        return [n for n, pid in self.data.get("pids", {}).items() if _proc.alive(pid)]
+        return [n for n in self.data.get("pids", {}) if (ref := self.process(n)) is not None and ref.alive()]
 
 
 def is_running(state_dir: Path) -> bool:

@@ -12,7 +12,6 @@ process and no file outside the state directory. See ``docs/devcluster.md``.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import signal
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 from lifeline.devcluster import _proc, build
 from lifeline.devcluster._control_plane import start_control_plane
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.devcluster._netclaim import claim_net, release_net, sweep_stale_arenas
 from lifeline.devcluster._nodes import issue_node_credentials, node_agent_argv, pod_process_groups
 from lifeline.devcluster._pod_files import container_log, container_pid_file
@@ -197,9 +197,9 @@ class DevCluster:
         """(Re)start the agent of node ``name``; returns its pid. Raises ClusterError if it is running."""
         self._store.load()
         self._check_node(name)
-        pid = self._state["pids"].get(name)
-        if pid and _proc.alive(pid):
-            raise ClusterError(f"node {name} is already running (pid {pid})", key=name)
+        ref = self._store.process(name)
+        if ref is not None and ref.alive():
+            raise ClusterError(f"node {name} is already running (pid {ref.pid})", key=name)
         index = index or self.nodes.index(name) + 1
         return self._store.spawn(name, node_agent_argv(
             self.state_dir, name, index=index, node_dir=self.node_dir(name), shm_dir=self.shm_root / name,
@@ -212,23 +212,23 @@ class DevCluster:
         """
         log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._store.load()
-        pids = self._state.get("pids", {})
         for name in self.nodes:
-            if name in pids:
-                _proc.stop_group(pids[name], grace=10)
-            for pgid in self._pod_process_groups(name):
-                _proc.stop_group(pgid, grace=2)
+            if (ref := self._store.process(name)) is not None:
+                _proc.stop_group(ref, grace=10)
+            for group in self._pod_process_groups(name):
+                _proc.stop_group(group, grace=2)
         for name in reversed(CONTROL_PLANE):
-            if name in pids:
-                _proc.stop_group(pids[name], grace=10)
+            if (ref := self._store.process(name)) is not None:
+                _proc.stop_group(ref, grace=10)
         shutil.rmtree(self.shm_root, ignore_errors=True)
         if "net" in self._state:
             release_net(self._state["net"], self.state_dir)
         self._state["pids"] = {}
+        self._state["starts"] = {}
         self._store.save()
         log(f"[down] dev cluster in {self.state_dir} stopped")
 
-    def _pod_process_groups(self, node: str) -> list[int]:
+    def _pod_process_groups(self, node: str) -> list[ProcessRef]:
         return pod_process_groups(self.state_dir / "nodes" / node)
 
     def _check_node(self, node: str) -> None:
@@ -243,45 +243,43 @@ class DevCluster:
         Raises ClusterError for an unknown node."""
         self._check_node(node)
         self._store.load()
-        pid = self._state["pids"].get(node)
-        if pid:
-            _proc.kill_group(pid, signal.SIGKILL)
-        for pgid in self._pod_process_groups(node):
-            _proc.kill_group(pgid, signal.SIGKILL)
+        if (ref := self._store.process(node)) is not None:
+            _proc.kill_group(ref, signal.SIGKILL)
+        for group in self._pod_process_groups(node):
+            _proc.kill_group(group, signal.SIGKILL)
 
     def freeze_node(self, node: str, *, thaw: bool = False) -> None:
         """Stop (SIGSTOP) node ``node``'s agent so its heartbeats stop while pod processes keep running;
         ``thaw=True`` resumes it (SIGCONT). Raises ClusterError for an unknown or stopped node."""
         self._check_node(node)
         self._store.load()
-        pid = self._state["pids"].get(node)
-        if not pid or not _proc.alive(pid):
+        ref = self._store.process(node)
+        if ref is None or not ref.signal(signal.SIGCONT if thaw else signal.SIGSTOP):
             raise ClusterError(f"node {node} is not running; fix: `lifeline devcluster start-node {node}`",
                                key=node)
-        os.kill(pid, signal.SIGCONT if thaw else signal.SIGSTOP)
 
     def kill_service(self, name: str) -> None:
         """SIGKILL the ``redis`` or ``minio`` server (its data dir stays). Raises ClusterError for another name."""
         self._store.load()
-        pid = self._state["pids"].get(self._service(name))
-        if pid:
-            _proc.kill_group(pid, signal.SIGKILL)
-            _proc.wait_until(lambda: not _proc.alive(pid), timeout=10, what=f"{name} to die", interval=0.02)
+        ref = self._store.process(self._service(name))
+        if ref is not None:
+            _proc.kill_group(ref, signal.SIGKILL)
+            _proc.wait_until(lambda: not ref.alive(), timeout=10, what=f"{name} to die", interval=0.02)
 
     def start_service(self, name: str) -> int:
         """Start a killed ``redis`` (empty) or ``minio`` (same data) on its port; returns the pid (ClusterError if not)."""
         from lifeline.devcluster.services import MinioServer, RedisServer
 
         self._store.load()
-        pid = self._state["pids"].get(self._service(name))
-        if pid and _proc.alive(pid):
-            raise ClusterError(f"{name} is already running (pid {pid})", key=name)
+        ref = self._store.process(self._service(name))
+        if ref is not None and ref.alive():
+            raise ClusterError(f"{name} is already running (pid {ref.pid})", key=name)
         server = RedisServer(state_dir=self.state_dir / "redis", port=self.ports.redis) if name == "redis" else \
             MinioServer(state_dir=self.state_dir / "minio", port=self.ports.minio,
                         access_key=self.minio_access_key, secret_key=self.minio_secret_key)
         pid = server.start().detach()
         self._store.load()
-        self._state["pids"][name] = pid
+        self._store.record(name, pid)
         self._store.save()
         return pid
 
@@ -299,7 +297,7 @@ class DevCluster:
             ClusterError: the pod does not exist or is not scheduled yet.
         """
         pidf = container_pid_file(self._pod_dir(pod, namespace), container, pod=pod, namespace=namespace)
-        _proc.kill_group(int(pidf.read_text()), signal.SIGKILL)
+        _proc.kill_group(ProcessRef.parse(pidf.read_text()), signal.SIGKILL)
 
     def _pod_dir(self, pod: str, namespace: str) -> Path:
         obj = json.loads(self.kubectl("get", "pod", pod, "-n", namespace, "-o", "json"))
@@ -362,8 +360,8 @@ class DevCluster:
 
         def check() -> None:
             for n in want:
-                pid = self._state["pids"].get(n)
-                if pid and not _proc.alive(pid):
+                ref = self._store.process(n)
+                if ref is not None and not ref.alive():
                     raise ClusterError(f"node agent {n} exited; log {self.state_dir}/logs/{n}.log:\n"
                                        f"{self._store.log_tail(n)}", key=n)
 
@@ -383,13 +381,14 @@ class DevCluster:
         """
         self._store.load()
 
-        def st(pid: int | None) -> str:
-            if not pid or not _proc.alive(pid):
+        def st(name: str) -> str:
+            ref = self._store.process(name)
+            if ref is None or not ref.alive():
                 return "stopped"
-            return "frozen" if _proc.stopped(pid) else "running"
+            return "frozen" if ref.stopped() else "running"
 
         pids = self._state.get("pids", {})
-        comps = {n: {"pid": pids.get(n), "state": st(pids.get(n))} for n in CONTROL_PLANE}
+        comps = {n: {"pid": pids.get(n), "state": st(n)} for n in CONTROL_PLANE}
         ready: dict[str, str] = {}
         if comps["kube-apiserver"]["state"] == "running":
             try:
@@ -398,6 +397,6 @@ class DevCluster:
                     ready[n["metadata"]["name"]] = conds.get("Ready")
             except (ClusterError, subprocess.TimeoutExpired, ValueError):
                 pass
-        nodes = {n: {"pid": pids.get(n), "agent": st(pids.get(n)), "ready": ready.get(n)} for n in self.nodes}
+        nodes = {n: {"pid": pids.get(n), "agent": st(n), "ready": ready.get(n)} for n in self.nodes}
         return {"state_dir": str(self.state_dir), "server": self.server, "kubeconfig": str(self.kubeconfig),
                 "components": comps, "nodes": nodes}

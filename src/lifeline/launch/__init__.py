@@ -30,7 +30,7 @@ _EXPORTS = {
     "ForkedProcess": "templates",
     "FLIP_MASK": "_flip",
     "flip_offset": "_flip",
-    "find_slot": "_flip",
+    "find_slots": "_flip",
     "flip_file": "_flip",
     "flip_in_process": "_flip",
     "flip_stored": "_flip",

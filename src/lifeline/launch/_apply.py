@@ -39,23 +39,25 @@ class _Applying:
     _fault_estimate: float | None
 
     def _spared(self, plan: RecoveryPlan) -> bool:
-        """Spare the step of a plan the trainers read while saving on (a grow) in the sidecars' memory;
-        ``False`` when a copy it names was evicted meanwhile (the next round plans again)."""
+        """Spare the step of a plan that reads sidecar memory (a grow, which the trainers read while
+        saving on, or a recovery: a save sealed after the plan's catalog view may evict the copy it
+        names, :attr:`~lifeline.api.recovery.RecoveryPlan.reads_memory`); ``False`` when a copy it names
+        was evicted meanwhile (the next round plans again). The spare lapses once training resumed."""
         assert self.catalog is not None
-        if not plan.reads_memory_while_training:
+        if not plan.reads_memory:
             return True
         try:
             if self.catalog.spare(plan, ttl_seconds=self.job.spec.recovery.startup_grace_seconds):
                 self._spare_held = True
                 return True
-        except CatalogError as err:  # Redis away: no grow this round (nothing failed, nothing waits for it)
-            self._event(f"cannot spare step {plan.restore_step} for the grow ({err}): planning again")
+        except CatalogError as err:  # Redis away: not this round (a plan is made only from a catalog read)
+            self._event(f"cannot spare step {plan.restore_step} for the plan ({err}): planning again")
             return False
-        self._event(f"step {plan.restore_step} left sidecar memory before the grow was published: planning again")
+        self._event(f"step {plan.restore_step} left sidecar memory before the plan was published: planning again")
         return False
 
     def _release_spare(self) -> None:
-        """Drop the grow's spare once training resumed (best effort: it lapses by its TTL anyway)."""
+        """Drop the plan's spare once training resumed (best effort: it lapses by its TTL anyway)."""
         if not self._spare_held or self.record.phase != "Running":
             return
         assert self.catalog is not None

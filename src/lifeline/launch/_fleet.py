@@ -117,9 +117,10 @@ class Fleet:
         return wanted_spares(node_of_rank, self.nodes, cool_downs, per_node=self.options.spares_per_node,
                              standby_nodes=self.options.standby_nodes, now=time.time())
 
-    def warm(self, world_size: int) -> None:
-        """Start every spare the first layout wants and wait until all are ready (``warm_start``)."""
-        self.pool.warm_all(self.wanted({r: f"node-{r}" for r in range(world_size)}, {}))
+    def warm(self, node_of_rank: Mapping[int, str]) -> None:
+        """Start every spare the first placement ``node_of_rank`` wants and wait until all are ready
+        (``warm_start``)."""
+        self.pool.warm_all(self.wanted(node_of_rank, {}))
 
     def refill(self, cool_downs: Mapping[str, float]) -> None:
         """Start at most one missing spare."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from lifeline.checkpoint import ShardMetadata, Storage, blob_key
 from lifeline.errors import ChecksumError, LifelineError
 
-__all__ = ["FLIP_MASK", "flip_offset", "find_slot", "flip_file", "flip_in_process", "flip_stored"]
+__all__ = ["FLIP_MASK", "flip_offset", "find_slots", "flip_file", "flip_in_process", "flip_stored"]
 
 FLIP_MASK = 0x10
 """The bit flipped (XOR) in the chosen byte."""
@@ -36,13 +36,20 @@ def flip_offset(meta: ShardMetadata) -> int:
     return c.byte_offset + c.byte_length // 2
 
 
-def find_slot(arena_dir: Path, meta: ShardMetadata) -> tuple[Path, bytes] | None:
-    """The slot file of ``arena_dir`` holding a verified copy of ``meta``'s blob, with its bytes;
-    ``None`` when no slot does (evicted, never sealed, or the arena is gone)."""
+def find_slots(arena_dir: Path, meta: ShardMetadata) -> list[tuple[Path, bytes]]:
+    """Every slot file of ``arena_dir`` holding a verified copy of ``meta``'s blob, with its bytes, by
+    name; empty when none does (evicted, never sealed, or the arena is gone).
+
+    A step can sit in two slots with the same bytes: a step trained again after a rollback is saved
+    again, deterministically, into another slot, and the older slot keeps its bytes until it is reused.
+    A flip must reach every copy: the sidecar holds the newer one (fuzz seed 3405 flipped only the first
+    slot, the restore read the other, and the harness took the intact read for an unreported one).
+    """
     try:
         slots = sorted(Path(arena_dir).glob("slot-*.bin"))
     except OSError:
-        return None
+        return []
+    found = []
     for path in slots:
         try:
             with open(path, "rb") as f:
@@ -53,8 +60,8 @@ def find_slot(arena_dir: Path, meta: ShardMetadata) -> tuple[Path, bytes] | None
             meta.verify(data)
         except ChecksumError:
             continue
-        return path, data
-    return None
+        found.append((path, data))
+    return found
 
 
 def flip_file(path: Path, offset: int) -> None:

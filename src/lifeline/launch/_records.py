@@ -47,6 +47,9 @@ class LaunchOptions:
             that imported torch and the runtime once (:mod:`lifeline.launch.templates`: a start
             then costs milliseconds, not 3–5 CPU-seconds); ``False``: every process is a fresh
             interpreter, as in a container.
+        unhealthy_nodes: ``{node: KIND or KIND:rejoin}`` (``KIND`` compute, slow or network): the
+            health-check fault each of these nodes gets in its first check, or in the check when it
+            comes back (``--unhealthy-node``; needs ``spec.recovery.healthCheck.enabled``).
     """
 
     state_dir: Path
@@ -63,6 +66,7 @@ class LaunchOptions:
     warm_start: bool = False
     node_return_seconds: float | None = None
     templates: bool = True
+    unhealthy_nodes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("spares_per_node", "standby_nodes"):
@@ -238,14 +242,22 @@ class _PodLike(Protocol):
 
 def stuck_ranks(rec: RecoveryRecord, pods: Mapping[int, _PodLike], reports: Mapping[int, ProgressReport]) -> list[int]:
     """Surviving ranks whose trainer (alive, started before the recovery) has neither read the plan
-    of ``rec`` (the runtime's ``plan`` report) nor joined its generation."""
+    of ``rec`` (the runtime's ``plan`` report) nor joined its generation.
+
+    A trainer process that has not reported yet is starting, not stuck, even when it was started for
+    an earlier plan: it joins the generation the catalog names when it gets there (fuzz seed 3386: a
+    trainer restarted for generation 1 was still importing when generation 2 was published, was
+    killed as stuck just after it began hosting generation 2's rendezvous store, and the survivors
+    connected to that store failed: a third recovery without a fault)."""
     out = []
     for rank, pod in sorted(pods.items()):
-        if pod.exit_code("trainer") is not None or (pod.trainer_started_at or 0.0) >= rec.started_at:
+        started = pod.trainer_started_at or 0.0
+        if pod.exit_code("trainer") is not None or started >= rec.started_at:
             continue  # dead (answered by the engine) or started for this plan
         report = reports.get(rank)
-        if report is not None and (report.generation >= rec.generation
-                                   or int(report.get("plan_generation", -1)) >= rec.generation):
+        if report is None or report.time < started:
+            continue  # this process has not reported yet: starting
+        if report.generation >= rec.generation or int(report.get("plan_generation", -1)) >= rec.generation:
             continue  # it read the plan or already joined
         out.append(rank)
     return out

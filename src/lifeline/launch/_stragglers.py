@@ -18,53 +18,23 @@ from typing import Any
 
 from lifeline.api import StragglerSpec
 from lifeline.catalog import CatalogView
-from lifeline.control.state import stage_of
-from lifeline.control.stragglers import StragglerVerdict, detect_stragglers, samples_of
+from lifeline.control.stragglers import HISTORY_WINDOWS
+from lifeline.control.stragglers import StragglerWatch as _Watch
 
-__all__ = ["StragglerWatch"]
-
-HISTORY_WINDOWS = 4
-"""Steps of samples kept per rank: this many windows (the individual score's history)."""
+__all__ = ["HISTORY_WINDOWS", "StragglerWatch"]
 
 
-class StragglerWatch:
-    """The straggler state of one local run (see the module docstring).
+class StragglerWatch(_Watch):
+    """The straggler state of one local run (see the module docstring): the sampling and judging of
+    :class:`lifeline.control.stragglers.StragglerWatch`, plus the run's reporting and pod stopping.
 
     Args:
         spec: ``spec.recovery.straggler``.
     """
 
     def __init__(self, spec: StragglerSpec) -> None:
-        self.spec = spec
-        self.samples: dict[int, dict[int, float]] = {}
-        self.generation: int | None = None
-        self.flagged: set[int] = set()
+        super().__init__(spec)
         self.found: list[dict[str, Any]] = []
-        self.last: StragglerVerdict | None = None
-        self.layout: Any = None
-        self._judged_through = 0
-
-    def observe(self, view: CatalogView, world_size: int) -> StragglerVerdict | None:
-        """Take this round's reports in; the verdict when a newer step could be judged, else ``None``."""
-        if view.generation != self.generation:
-            self.samples, self.flagged, self.generation, self._judged_through = {}, set(), view.generation, 0
-        keep = HISTORY_WINDOWS * self.spec.window
-        for rank, new in samples_of(view.reports.values(), view.generation, world_size).items():
-            mine = self.samples.setdefault(rank, {})
-            mine.update(new)
-            for step in sorted(mine)[:-keep]:
-                del mine[step]
-        verdict = detect_stragglers(self.samples, threshold=self.spec.threshold, window=self.spec.window,
-                                    group_of=self.group_of(world_size))
-        if not verdict.steps or verdict.steps[-1] <= self._judged_through:
-            return None
-        self._judged_through = verdict.steps[-1]
-        self.last = verdict
-        return verdict
-
-    def group_of(self, world_size: int) -> dict[int, int]:
-        """rank → its pipeline stage in the current layout (stages differ in work: compared within one)."""
-        return {r: stage_of(r, self.layout) for r in range(world_size)} if self.layout is not None else {}
 
     def round(self, sup: Any, view: CatalogView) -> list[int]:
         """One supervision round: judge, report each rank newly flagged (``sup._event``) and, with
@@ -74,9 +44,8 @@ class StragglerWatch:
         verdict = self.observe(view, sup.layout.world_size)
         if verdict is None:
             return []
-        new = [s for s in verdict.scores if s.straggler and s.rank not in self.flagged]
+        new = self.flag(verdict)
         for score in new:
-            self.flagged.add(score.rank)
             pod = sup.pods.get(score.rank)
             node = getattr(pod, "node", None)
             act = (self.spec.action == "replace" and pod is not None and sup.snapshot.phase == "Running"

@@ -66,6 +66,11 @@ def run_command(
     node_return_seconds: Optional[float] = typer.Option(
         None, "--node-return-seconds", help="A lost node is Ready again after this many seconds (> 0; an elastic "
         "job then grows back to its size). Default: lost for good."),
+    unhealthy_node: Optional[list[str]] = typer.Option(
+        None, "--unhealthy-node", metavar="NODE:KIND[:rejoin]", help="Make NODE (node-<i>) fail its health "
+        "check before start (with :rejoin, the check when it comes back after a loss): KIND compute (a wrong "
+        "matmul result), slow (4x its compute) or network (a slow all-reduce). Needs "
+        "spec.recovery.healthCheck.enabled."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Fail the run after this many seconds (> 0)."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (no live display)."),
 ) -> None:
@@ -77,7 +82,7 @@ def run_command(
     plan = check_run(job, steps=steps, state_dir=state_dir, inject=inject_failure or (), persist_uri=persist_uri,
                      s3_endpoint=s3_endpoint, spare_nodes=spare_nodes, slot_mib=slot_mib,
                      spares_per_node=spares_per_node, standby_nodes=standby_nodes, timeout=timeout,
-                     node_return_seconds=node_return_seconds)
+                     node_return_seconds=node_return_seconds, unhealthy=unhealthy_node or ())
     from lifeline.launch.display import ProgressDisplay
     from lifeline.launch.local_runs import write_run_record, write_summary
     from lifeline.launch.services import prepare_binaries
@@ -88,7 +93,7 @@ def run_command(
         state_dir=plan.state_dir, injections=plan.injections, persist_uri=persist_uri, s3_endpoint=s3_endpoint,
         spare_nodes=spare_nodes, slot_bytes=slot_mib << 20, timeout_seconds=timeout,
         spares_per_node=spares_per_node, standby_nodes=standby_nodes, warm_start=warm_start,
-        node_return_seconds=node_return_seconds, templates=not fresh_processes)
+        node_return_seconds=node_return_seconds, templates=not fresh_processes, unhealthy_nodes=plan.unhealthy)
     # SIGTERM (e.g. `kill`, `lifeline stop`) stops the run like Ctrl-C: every process and server started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     display = ProgressDisplay(enabled=not json_out)

@@ -17,7 +17,7 @@ from lifeline.errors import CatalogError, LifelineError
 from lifeline.launch import _flip
 from lifeline.launch.inject import Injection
 
-__all__ = ["FiredFault", "Faults", "SETTLE_SECONDS", "L2_WAIT_SECONDS"]
+__all__ = ["FiredFault", "Faults", "SETTLE_SECONDS", "L2_WAIT_SECONDS", "held_copies", "recovers"]
 
 SETTLE_SECONDS = 1.5
 CATALOG_WAIT_SECONDS = 15.0
@@ -64,6 +64,24 @@ class FiredFault:
                 "nodes": self.nodes, "note": self.note, "ineffective": self.ineffective, "moot": self.moot}
 
 
+def recovers(inj: Injection) -> bool:
+    """Whether ``inj`` calls for a recovery: a process or node fault, and a transient ``nan`` (the step's
+    re-run is clean: a faulty rank, which fails after the step and is restarted, docs/numerics.md);
+    not the service kinds, a ``slow`` rank or a ``nan`` that repeats (its batch is skipped)."""
+    if inj.kind == "nan":
+        return inj.transient
+    return inj.kind not in ("redis", "minio", "slow")
+
+
+def held_copies(holdings: Any, rank: int, tier: str, alive: set[int]) -> list[Any]:
+    """The catalog's ``holdings`` (``Holding``: ``rank``, ``tier``, ``holder``) that are copies of
+    ``rank``'s shard at ``tier`` a flip could corrupt: held by the rank's own sidecar for L0, by another
+    rank's for L1 — in either case a sidecar in ``alive`` (a copy in the memory of a sidecar that just
+    died is gone while the catalog still records it: seed 3220) — and any for L2."""
+    return [h for h in holdings if h.rank == rank and h.tier == tier
+            and (tier == "L2" or ((h.holder == rank) == (tier == "L0") and h.holder in alive))]
+
+
 class Faults:
     """Fires injections into a running supervisor (``sup``: its ``pods``, ``nodes``, ``services``,
     ``catalog``, ``name``, ``layout`` and ``tally`` are used; see the module docstring)."""
@@ -80,7 +98,7 @@ class Faults:
         reported although this round's catalog view may not show it yet (the step a trainer holds at)."""
         sup = self.sup
         rec = FiredFault(inj, time.time(), max([*sup.tally.seen_step.values(), step or 0]),
-                         recovers=inj.kind not in ("redis", "minio", "nan", "slow"))
+                         recovers=recovers(inj))
         if sup.pods and all(p.exit_code("trainer") == 0 for p in sup.pods.values()):
             rec.recovers, rec.ineffective, rec.note = False, True, "the job had finished: nothing injected"
             self.fired.append(rec)
@@ -183,7 +201,8 @@ class Faults:
             time.sleep(0.05)
 
     def _own_copies(self, rank: int):
-        """``(step, meta, slot path, blob)`` of ``rank``'s verified L0 copies in its arena, newest first."""
+        """``(step, meta, slot path, blob)`` of ``rank``'s verified L0 copies in its arena, newest step first
+        (a step in two slots: both, by slot name)."""
         sup = self.sup
         pod = sup.pods.get(rank)
         if pod is None:
@@ -193,9 +212,8 @@ class Faults:
             if raw is None:
                 continue
             meta = ShardMetadata.from_json(raw)
-            found = _flip.find_slot(pod.spec.arena_dir, meta)
-            if found is not None:
-                yield step, meta, found[0], found[1]
+            for path, blob in _flip.find_slots(pod.spec.arena_dir, meta):
+                yield step, meta, path, blob
 
     def _flip_l0(self, inj: Injection, rec: FiredFault) -> None:
         self._kill(inj, rec)  # first: its restart in place reads L0; the save in flight is sealed meanwhile
@@ -260,17 +278,17 @@ class Faults:
             self._moot(inj, rec, "L1")
 
     def _moot(self, inj: Injection, rec: FiredFault, tier: str) -> None:
-        """Mark a flip that found no copy moot when the catalog records none of the rank at ``tier`` (held
-        by its own sidecar for L0, by another rank's for L1) at any recorded step."""
+        """Mark a flip that found no copy moot when the catalog records none of the rank at ``tier`` that
+        a live sidecar holds (:func:`held_copies`) at any recorded step."""
         cat = self.sup.catalog
         try:
-            held = [h for h in cat.holdings_at(cat.steps()[-64:]) if h.rank == inj.rank and h.tier == tier
-                    and (h.holder == inj.rank) == (tier == "L0")]
+            holdings = cat.holdings_at(cat.steps()[-64:])
         except LifelineError:
             return
-        if not held:
+        alive = {k for k, pod in self.sup.pods.items() if pod is not None and "sidecar" in pod.pids()}
+        if not held_copies(holdings, inj.rank, tier, alive):
             rec.moot = True
-            rec.note += "; the catalog records none (earlier faults took them): nothing to corrupt"
+            rec.note += "; the catalog records none a live sidecar holds (earlier faults took them): nothing to corrupt"
 
     def _flip_l2(self, inj: Injection, rec: FiredFault) -> None:
         sup = self.sup

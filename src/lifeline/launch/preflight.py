@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeline.api import TrainingJob
 from lifeline.api.trainingjob import check_persist_uri
 from lifeline.errors import ConfigError
+from lifeline.launch._health import parse_unhealthy
 from lifeline.launch.inject import Injection, parse_injection
 from lifeline.launch.spec import load_for_launch
 
@@ -35,11 +37,14 @@ DEFAULT_SLOTS = 3
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What :func:`check_run` found valid: the job, its injections and the state dir (not created)."""
+    """What :func:`check_run` found valid: the job, its injections, the state dir (not created) and the
+    nodes whose health check is made to fail."""
 
     job: TrainingJob
     injections: tuple[Injection, ...]
     state_dir: Path
+    unhealthy: Mapping[str, str] = field(default_factory=dict)
+    """``--unhealthy-node`` faults: ``{node: compute|slow|network}``."""
 
 
 def raise_all(problems: list[tuple[str, str]], **context: object) -> None:
@@ -172,7 +177,8 @@ def _injections_fit(job: TrainingJob, injections: list[Injection], persist_uri: 
 def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state_dir: Path | None = None,
               inject: list[str] | tuple[str, ...] = (), persist_uri: str | None = None, s3_endpoint: str = "",
               spare_nodes: int | None = None, slot_mib: int = 64, spares_per_node: int = 1, standby_nodes: int = 1,
-              timeout: float | None = None, node_return_seconds: float | None = None) -> RunPlan:
+              timeout: float | None = None, node_return_seconds: float | None = None,
+              unhealthy: list[str] | tuple[str, ...] = ()) -> RunPlan:
     """Validate a ``lifeline run`` (the spec file ``source`` and every flag, named as on the command line).
 
     Returns:
@@ -205,6 +211,20 @@ def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state
         problems += _injections_fit(job, injections, persist_uri, s3_endpoint)
     if job is not None:
         _machine(job, max(slot_mib, 1), problems)
+    faults: dict[str, str] = {}
+    if job is not None and unhealthy:
+        world = job.spec.layout.world_size
+        nodes = [f"node-{i}" for i in range(world + (world if spare_nodes is None else max(spare_nodes, 0)))]
+        try:
+            faults = parse_unhealthy(unhealthy, nodes)
+        except ConfigError as err:
+            problems.append(("--unhealthy-node", err.message))
+        if any(f.endswith(":rejoin") for f in faults.values()) and node_return_seconds is None:
+            problems.append(("--unhealthy-node", "--unhealthy-node NODE:KIND:rejoin fails the check of a node that "
+                             "comes back, and no node comes back: add --node-return-seconds S"))
+        if not job.spec.recovery.health_check.enabled:
+            problems.append(("--unhealthy-node", "--unhealthy-node fails a node's health check, which this job does "
+                             "not run: set spec.recovery.healthCheck.enabled: true"))
     target = state_dir or (Path(".state") / "run" / str(job.name) if job is not None else None)
     if target is not None:
         if target.exists() and not target.is_dir():
@@ -213,4 +233,4 @@ def check_run(source: str | os.PathLike[str], *, steps: int | None = None, state
             problems.append(("--state-dir", f"--state-dir {target}: {why}"))
     raise_all(problems, job=job.name if job is not None else None)
     assert job is not None and target is not None
-    return RunPlan(job, tuple(injections), target)
+    return RunPlan(job, tuple(injections), target, faults)

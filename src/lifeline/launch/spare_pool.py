@@ -40,7 +40,7 @@ PRELOAD: Mapping[str, tuple[str, ...]] = {
     "sidecar": ("torch", "lifeline.cli", "lifeline.api.pod", "lifeline.checkpoint", "lifeline.sidecar.server",
                 "lifeline.sidecar._logging", "lifeline.sidecar._trainer_conn", "lifeline.sidecar._peer_conn",
                 "lifeline.sidecar._workers", "lifeline.catalog", "lifeline.sidecar.peer",
-                "lifeline.sidecar.reader", "lifeline.control", "lifeline.sidecar.ulog"),
+                "lifeline.sidecar.client.reader", "lifeline.control", "lifeline.sidecar.ulog"),
 }
 """Modules a spare of each role imports before it waits (what ``python -m lifeline trainer`` /
 ``sidecar`` import on their way to the first useful line — and a script of one's own on the public
@@ -299,13 +299,13 @@ class SparePool:
 def wanted_spares(node_of_rank: Mapping[int, str], nodes: Mapping[str, NodeState], cool_downs: Mapping[str, float], *,
                   per_node: int, standby_nodes: int, now: float) -> list[tuple[str, str, int]]:
     """``(node, role, count)`` in priority order: ``per_node`` trainers on each rank's node, then a
-    sidecar and a trainer on each of the first ``standby_nodes`` free, ready nodes outside cool-down
+    sidecar and a trainer on each of the first ``standby_nodes`` free, ready, schedulable nodes outside cool-down
     (by name: the order in which ``lifeline.control`` places replacements). Empty when ``per_node`` is 0."""
     if per_node <= 0:
         return []
     used = set(node_of_rank.values())
     free = sorted(name for name, node in nodes.items()
-                  if name not in used and node.ready and cool_downs.get(name, 0.0) <= now)
+                  if name not in used and node.ready and node.schedulable and cool_downs.get(name, 0.0) <= now)
     wanted = [(node_of_rank[r], "trainer", per_node) for r in sorted(node_of_rank)]
     for node in free[:standby_nodes]:
         wanted += [(node, "sidecar", per_node), (node, "trainer", per_node)]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lifeline.checkpoint import Storage, list_steps
-from lifeline.control import ettr
+from lifeline.control import EttrBreakdown, ettr
 from lifeline.errors import StorageError
 
 __all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
@@ -78,6 +78,27 @@ def _time_lost(recoveries: list[Any]) -> float:
     return max(0.0, total)
 
 
+def ettr_terms(wall_seconds: float, kept: int, step_seconds: float | None, stall_seconds: float,
+               recovery_seconds: float) -> EttrBreakdown | None:
+    """The run's ETTR breakdown (:func:`lifeline.control.ettr`), its terms clamped to the wall time:
+    ``recovery_seconds`` sums recoveries that may overlap (a failure during a recovery), so it may
+    exceed the wall time (fuzz seed 3314: the summary raised and the run ended without one). As
+    measured when they fit (the step time shortened to what the wall time leaves, as before); when
+    the recoveries alone leave no room, the kept steps at their measured time and the recoveries the rest. ``None`` without a
+    kept step, a step time or a positive wall time (seconds; ``kept``: steps)."""
+    if not step_seconds or wall_seconds <= 0 or kept <= 0:
+        return None
+    recovery, stall = max(0.0, recovery_seconds), max(0.0, stall_seconds)
+    if recovery + stall < wall_seconds:  # as measured; the step time is what the wall time leaves at most
+        step_s = min(step_seconds, (wall_seconds - recovery - stall) / kept)
+    else:  # overlapping recoveries leave no room: the kept steps at their measured time, recovery the rest
+        step_s = min(step_seconds, wall_seconds / kept)
+        stall = min(stall, wall_seconds - kept * step_s)
+        recovery = wall_seconds - kept * step_s - stall
+    return ettr(wall_seconds=wall_seconds, steps=kept, step_seconds=step_s, checkpoint_stall_seconds=stall,
+                recovery_seconds=recovery)
+
+
 def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, Any] | None) -> dict[str, Any]:
     """The run's summary as a JSON-ready dict.
 
@@ -90,7 +111,9 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
     ``ettr`` (:func:`lifeline.control.ettr`: kept step time over wall time),
     ``checkpoint_stall_seconds``, ``recoveries`` (one record each), ``faults`` (each injection that
     fired, :class:`lifeline.launch.faults.FiredFault`), ``stragglers`` (each rank flagged slow, per
-    generation: :meth:`lifeline.launch._stragglers.StragglerWatch.summary`), ``service_restarts`` (servers brought back),
+    generation: :meth:`lifeline.launch._stragglers.StragglerWatch.summary`), ``health`` (the nodes' health
+    check: ``seconds``, ``failed`` ``{node: reason}``, ``compute_ms`` by node, ``rejoins`` ``{node: "passed" | reason}``; ``None`` when not run),
+    ``service_restarts`` (servers brought back),
     ``complete_step`` (the latest complete step as sampled every round: samples, rounds without one,
     regressions — it must never move backwards), ``resumed_from`` (the L2 step a restarted run began
     at), ``final_loss``, ``digest`` (``{"sha256", "source", "step"}``), ``state_dir``.
@@ -102,13 +125,8 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
     recovery = sum(r.seconds or 0.0 for r in snap.recoveries)
     time_lost = _time_lost(snap.recoveries)
     kept = snap.step - (sup.resumed_from or 0)
-    ratio = breakdown = None
-    if step_seconds and wall_seconds > 0 and kept > 0:
-        step_s = min(step_seconds, max(1e-9, (wall_seconds - recovery - stall) / kept))
-        breakdown = ettr(wall_seconds=wall_seconds, steps=kept, step_seconds=step_s,
-                         checkpoint_stall_seconds=min(stall, wall_seconds - recovery - kept * step_s),
-                         recovery_seconds=recovery)
-        ratio = breakdown.ratio
+    breakdown = ettr_terms(wall_seconds, kept, step_seconds, stall, recovery)
+    ratio = None if breakdown is None else breakdown.ratio
     return {
         "job": sup.name,
         "phase": phase,
@@ -127,6 +145,7 @@ def summarize(sup: Any, *, phase: str, wall_seconds: float, digest: dict[str, An
         "recoveries": [r.to_dict() for r in snap.recoveries],
         "faults": [f.to_dict() for f in getattr(sup.faults, "fired", ())],
         "stragglers": sup.straggling.summary() if getattr(sup, "straggling", None) is not None else [],
+        "health": sup.health.summary if getattr(sup, "health", None) is not None else None,
         "service_restarts": dict(getattr(sup.watch, "restarts", {})),
         "complete_step": sup.tally.complete_summary(),
         "resumed_from": sup.resumed_from,

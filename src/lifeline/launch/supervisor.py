@@ -25,10 +25,11 @@ from typing import Any
 from lifeline.api import RecoveryAction, RecoveryPlan, TrainingJob
 from lifeline.catalog import Catalog, CatalogView
 from lifeline.control import Decision, NodeState, Progress, Record, Settle, decide
-from lifeline.errors import CatalogError, RecoveryError
+from lifeline.errors import CatalogError, ClusterError, RecoveryError
 from lifeline.launch._apply import STUCK_SECONDS, _Applying
 from lifeline.launch._elastic import NodeReturns, Retiring
 from lifeline.launch._fleet import Fleet
+from lifeline.launch._health import NodeHealth
 from lifeline.launch._holds import fire_due
 from lifeline.launch._observe import observed_of, quiet
 from lifeline.launch._pods import Pod
@@ -100,6 +101,8 @@ class Supervisor(_Applying):
         self._catalog_down_since: float | None = None
         self.retiring = Retiring()
         self.returns = NodeReturns(self.nodes, options.node_return_seconds)
+        self.health = NodeHealth(job.spec.recovery.health_check, self.nodes, self.state_dir / "health",
+                                 faults=options.unhealthy_nodes, event=self._event)  # docs/health.md
 
     @property
     def generation(self) -> int:
@@ -126,6 +129,7 @@ class Supervisor(_Applying):
             self._start()
             phase = self._supervise()
             self.snapshot.phase = phase
+            self.health.finish()  # a node that came back late still gets its verdict
             if phase == "Succeeded":
                 assert self.services is not None and self.catalog is not None
                 persist = self.job.spec.checkpoint.persist
@@ -151,16 +155,40 @@ class Supervisor(_Applying):
             self._event(f"resuming from L2 step {start.restore_step}: {start.reason}")
         # this run's faults hold the trainers afresh (a state dir run before keeps its releases)
         shutil.rmtree(self.state_dir / "holds", ignore_errors=True)
+        first = self._check_health()
         self.fleet = Fleet(self.job, self.options, self.services, self.secrets, self.nodes, self.log_dir)
         self.pods = self.fleet.pods
         self.faults = Faults(self)
         if self.options.warm_start:
-            self.fleet.warm(self.layout.world_size)
+            self.fleet.warm(first)
             self._event(f"{len(self.fleet.pool.spares)} spares ready")
         self.fleet.await_templates()  # the first ranks fork from them (fresh processes without)
-        for rank in range(self.layout.world_size):  # the spares stay for failures
-            self._create_pod(rank, f"node-{rank}", spares=False)
+        for rank, node in first.items():  # the spares stay for failures
+            self._create_pod(rank, node, spares=False)
         self._write_pids()
+
+    def _nodes_back(self, now: float) -> None:
+        """Lost nodes whose time is up come back: Ready at once, or once their health check passed."""
+        for node in self.returns.due(now):
+            if not self.health.back(node):
+                self._event(f"{node} is Ready again")
+        self.health.tick()
+
+    def _check_health(self) -> dict[int, str]:
+        """Run the nodes' health check when the spec asks for it (failed nodes: unschedulable) and
+        return the first placement: rank ``r`` on the ``r``-th usable node by index.
+
+        Raises:
+            ClusterError: fewer nodes passed than the world size.
+        """
+        self.health.check_all()
+        usable = sorted((n for n, st in self.nodes.items() if st.schedulable), key=lambda n: int(n.rsplit("-", 1)[1]))
+        world = self.layout.world_size
+        if len(usable) < world:
+            failed = (self.health.summary or {}).get("failed", {})
+            raise ClusterError(f"only {len(usable)} of {len(self.nodes)} nodes passed the health check and the job "
+                               f"needs {world}: {failed}; fix the nodes or add spares (--spare-nodes)", job=self.name)
+        return {rank: usable[rank] for rank in range(world)}
 
     def close(self) -> None:
         """Stop every process and server this supervisor started (idempotent)."""
@@ -227,8 +255,7 @@ class Supervisor(_Applying):
             if self.first_step_at is None and self.snapshot.step > 0:
                 self.first_step_at = time.time()
             self._inject(view)
-            for node in self.returns.due(now):
-                self._event(f"{node} is Ready again")
+            self._nodes_back(now)
             d = self._decide(view, now)
             if d.phase == "Succeeded":
                 self.final_view = self._read_catalog(time.time()) or view

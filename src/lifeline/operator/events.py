@@ -31,9 +31,12 @@ REASONS = {
     "Rollback": "Normal",
     "Reshard": "Normal",
     "Recovered": "Normal",
+    "StragglerReplaced": "Normal",  # a straggler's pod deleted: it moves to another node (docs/stragglers.md)
     "GrowDeferred": "Normal",  # a grow's step left sidecar memory before it was published: planned again
+    "RecoveryDeferred": "Warning",  # a recovery's step left sidecar memory before it was published: planned again
     # warnings
     "FailureDetected": "Warning",
+    "StragglerDetected": "Warning",  # a rank computes slower than threshold x the others (docs/stragglers.md)
     "InvalidSpec": "Warning",
     "GiveUp": "Warning",
     "Failed": "Warning",

@@ -8,6 +8,8 @@ uses can read them without collisions.
 ``lifeline_operator_recoveries_total``     counter    recoveries started, by ``action`` (ladder rung)
 ``lifeline_operator_recovery_seconds``     histogram  seconds from acting on a failure to resuming
 ``lifeline_operator_checkpoint_lag_steps`` gauge      step - latest complete step, per job
+``lifeline_operator_straggler_ranks``      gauge      ranks flagged as stragglers in the job's current
+                                                      generation, per job (docs/stragglers.md)
 ``lifeline_operator_reconcile_seconds``    histogram  duration of one reconcile (observe+decide+act)
 ``lifeline_operator_reconcile_errors_total`` counter  reconciles that raised, by ``error`` class
 ``lifeline_operator_reconciles_total``     counter    reconciles of each job, by ``outcome``: ``ok``,
@@ -30,6 +32,7 @@ __all__ = [
     "RECOVERIES",
     "RECOVERY_SECONDS",
     "CHECKPOINT_LAG",
+    "STRAGGLER_RANKS",
     "RECONCILE_SECONDS",
     "RECONCILE_ERRORS",
     "RECONCILES",
@@ -57,6 +60,12 @@ RECOVERY_SECONDS = Histogram(
 CHECKPOINT_LAG = Gauge(
     "lifeline_operator_checkpoint_lag_steps",
     "Steps between the trainers' step and the latest complete checkpoint.",
+    ["namespace", "job"],
+    registry=REGISTRY,
+)
+STRAGGLER_RANKS = Gauge(
+    "lifeline_operator_straggler_ranks",
+    "Ranks flagged as stragglers in the job's current generation (status.stragglers).",
     ["namespace", "job"],
     registry=REGISTRY,
 )

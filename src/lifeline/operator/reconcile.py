@@ -29,7 +29,6 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from lifeline.api.manifests import LABEL_GENERATION, PodConfig, pod_name
-from lifeline.api.recovery import RecoveryPlan
 from lifeline.api.trainingjob import (
     GROUP,
     PLURAL,
@@ -39,8 +38,9 @@ from lifeline.api.trainingjob import (
     TrainingJob,
     TrainingJobStatus,
 )
+from lifeline.api import StragglerSpec
 from lifeline.catalog import Catalog
-from lifeline.errors import CatalogError
+from lifeline.control.stragglers import StragglerWatch
 from lifeline.operator import events, metrics
 from lifeline.operator.access import (ensure_disruption_budget, ensure_network_policy, ensure_redis_user,
                                       ensure_secret)
@@ -50,7 +50,9 @@ from lifeline.operator.observe import Observation, observe
 from lifeline.operator.recorded import Recorded
 from lifeline.operator.settings import OperatorSettings
 from lifeline.operator.spec import InvalidSpec, build_pod, invalid_spec, parse_job, pod_refused, refuses_the_pod
-from lifeline.operator.status import known_status, next_status
+from lifeline.operator.spare import spare, unspare
+from lifeline.operator.status import known_status, next_status, recovery_record
+from lifeline.operator.stragglers import straggler_round
 
 __all__ = ["Env", "reconcile", "forget_job"]
 
@@ -73,6 +75,7 @@ class Env:
     _locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _seen: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict, repr=False)
+    _stragglers: dict[str, StragglerWatch] = field(default_factory=dict, repr=False)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         """The lock serialising reconciles of one job (kopf runs its timer beside the other handlers)."""
@@ -104,6 +107,15 @@ class Env:
         Lost when the operator restarts, which only makes a silent sidecar wait out its startup grace."""
         with self._guard:
             return self._seen.setdefault(f"{namespace}/{name}", {})
+
+    def straggler_watch(self, uid: str, spec: StragglerSpec) -> StragglerWatch:
+        """The straggler watch of the job with UID ``uid`` (soft memory, like :meth:`last_seen`); a new one
+        when ``spec`` (``spec.recovery.straggler``) changed."""
+        with self._guard:
+            watch = self._stragglers.get(uid)
+            if watch is None or watch.spec != spec:
+                watch = self._stragglers[uid] = StragglerWatch(spec)
+            return watch
 
 
 def _rank_pod_requests(env: Env, body: Mapping[str, Any], job: TrainingJob) -> dict[str, Any] | None:
@@ -147,6 +159,7 @@ def forget_job(env: Env, body: Mapping[str, Any]) -> None:
         catalog.close()
     with env._guard:
         env._seen.pop(f"{meta.get('namespace', '')}/{meta['name']}", None)
+        env._stragglers.pop(meta.get("uid", ""), None)
 
 
 def _patch_job(env: Env, job: TrainingJob, patch: dict[str, Any]) -> None:
@@ -264,23 +277,6 @@ def _observe_sidecars(env: Env, job: TrainingJob, obs: Observation, now: float) 
     return dict(seen)
 
 
-def _spare(catalog: Catalog, plan: RecoveryPlan, ttl_seconds: float) -> bool:
-    """``Catalog.spare``; ``False`` (no grow this resync) when Redis does not answer."""
-    try:
-        return catalog.spare(plan, ttl_seconds=ttl_seconds)
-    except CatalogError as err:
-        log.warning("cannot spare step %s for a grow: %s", plan.restore_step, err)
-        return False
-
-
-def _unspare(catalog: Catalog) -> None:
-    """``Catalog.unspare``, best effort: the spare lapses by its TTL when Redis does not answer."""
-    try:
-        catalog.unspare()
-    except CatalogError as err:
-        log.warning("cannot drop the grow's spare (it lapses by its TTL): %s", err)
-
-
 def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Reconcile | None:
     started = time.perf_counter()
     now = time.time() if now is None else now
@@ -307,11 +303,15 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
         if obs.catalog_error:  # logged, not an event per resync; decisions without the catalog stay safe
             log.warning("%s/%s: cannot read the catalog: %s", job.namespace, job.name, obs.catalog_error)
         d = decide_from_cluster(job.spec, recorded, obs, status, now=now, last_seen=_observe_sidecars(env, job, obs, now))
-        if d.plan is not None and d.plan.reads_memory_while_training and not _spare(
+        if d.plan is not None and d.plan.reads_memory and not spare(
                 catalog, d.plan, job.spec.recovery.startup_grace_seconds):
-            # a grow's step left the sidecars' memory since the catalog was read: plan it at the next resync
-            events.record(body, "GrowDeferred", f"step {d.plan.restore_step} left sidecar memory before the "
-                          "grow was published; planning again")
+            # the plan's step left the sidecars' memory since the catalog was read (a grow's, or a
+            # recovery's: a save sealed after the read evicts it with keep 1, fuzz seed 3085): plan
+            # again at the next resync
+            grow = d.plan.reads_memory_while_training
+            events.record(body, "GrowDeferred" if grow else "RecoveryDeferred",
+                          f"step {d.plan.restore_step} left sidecar memory before the "
+                          f"{'grow' if grow else 'plan'} was published; planning again")
             return
         recovery: RecoveryRecord | None = None
         if d.plan is not None:
@@ -325,7 +325,7 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
                 _patch_job(env, job, patch)  # the commit point
                 metrics.RECOVERIES.labels(job.namespace, job.name, d.plan.action.value).inc()
                 events.record(body, d.plan.action.value, f"generation {d.plan.generation}: {d.plan.reason}")
-                recovery = _record_of(d.plan, now)
+                recovery = recovery_record(d.plan, now)
                 recorded = Recorded.from_annotations({**(meta.get("annotations") or {}),
                                                       **patch["metadata"]["annotations"]})
         current = d.plan if d.plan is not None and d.plan.action is not RecoveryAction.GIVE_UP else recorded.plan
@@ -339,11 +339,11 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
             _patch_job(env, job, Recorded.applied_patch(d.generation))
         if recovery is None and current is not None and d.phase == "Recovering" and not any(
                 r.generation == current.generation for r in status.recoveries):
-            recovery = _record_of(current, now)  # the status write after the commit was lost: redo it
+            recovery = recovery_record(current, now)  # the status write after the commit was lost: redo it
         if d.resumed:
             recovery = _close_recovery(status, d.generation, now)
-            if current is not None and current.reads_memory_while_training:
-                _unspare(catalog)  # a grow's restore read what it spared: the sidecars may evict it
+            if current is not None and current.reads_memory:
+                unspare(catalog)  # the restore read what the plan spared: the sidecars may evict it
         if d.phase != status.phase:
             if d.resumed and d.phase == "Succeeded":  # resumed and finished between two resync ticks
                 events.record(body, "Recovered", f"training resumed in generation {d.generation} and finished")
@@ -359,13 +359,17 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
             else status.complete_step
         if complete_step is not None:
             metrics.CHECKPOINT_LAG.labels(job.namespace, job.name).set(max(0, progress_step - complete_step))
+        stragglers = straggler_round(
+            env, body, job, view, obs.pods, world_size=d.layout.world_size, layout=d.layout, old=status.stragglers,
+            recorded=recorded, may_replace=d.phase == "Running" and d.plan is None and not (d.delete or d.create),
+            now=now)
         old = status.to_wire()
         new_status = next_status(
             old, phase=d.phase, reason=d.reason, message=d.message, observed_generation=meta.get("generation"),
             step=progress_step, complete_step=complete_step, generation=d.generation,
             restarts=current.restarts if current is not None else None,
             replicas=d.layout.world_size, layout=d.layout.to_wire(),
-            recovery=recovery.to_wire() if recovery is not None else None,
+            recovery=recovery.to_wire() if recovery is not None else None, stragglers=stragglers,
         )
         if _differs(old, new_status):
             _patch_status(env, job, new_status)
@@ -373,14 +377,6 @@ def _reconcile(env: Env, body: Mapping[str, Any], *, now: float | None) -> Recon
     finally:
         catalog.close()
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-
-
-def _record_of(plan: RecoveryPlan, now: float) -> RecoveryRecord:
-    """The ``status.recoveries[]`` record of a committed plan, started at ``now``."""
-    return RecoveryRecord(generation=plan.generation, kind=plan.action, ranks=list(plan.failed_ranks),
-                          from_step=plan.restore_step, tier=plan.farthest_tier,
-                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000],
-                          layout=plan.layout if plan.action is RecoveryAction.RESHARD else None)
 
 
 def _close_recovery(status: TrainingJobStatus, generation: int, now: float) -> RecoveryRecord | None:

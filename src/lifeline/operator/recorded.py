@@ -93,6 +93,12 @@ class Recorded:
             }
         }
 
+    def cool_down_patch(self, node: str, until: float) -> dict[str, Any]:
+        """The metadata merge patch adding ``node`` to the cool-downs until ``until`` (seconds since the
+        epoch; a later expiry already recorded is kept): new pods avoid it (a straggler's node)."""
+        cool = {**self.cool_downs, node: max(until, self.cool_downs.get(node, until))}
+        return {"metadata": {"annotations": {_COOL: json.dumps(cool, sort_keys=True)}}}
+
     @staticmethod
     def applied_patch(generation: int) -> dict[str, Any]:
         """The metadata merge patch recording that every pod of ``generation`` was created."""

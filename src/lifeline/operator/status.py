@@ -11,9 +11,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from lifeline.api.trainingjob import CONDITION_TYPES, PHASES, TrainingJobStatus
+from lifeline.api.recovery import RecoveryPlan
+from lifeline.api.trainingjob import CONDITION_TYPES, PHASES, RecoveryAction, RecoveryRecord, TrainingJobStatus
 
-__all__ = ["now", "known_status", "set_condition", "conditions_for_phase", "next_status", "MAX_RECOVERIES_KEPT"]
+__all__ = ["now", "known_status", "set_condition", "conditions_for_phase", "next_status", "recovery_record",
+           "MAX_RECOVERIES_KEPT"]
 
 MAX_RECOVERIES_KEPT = 20
 """``status.recoveries`` keeps the newest records only (the object must stay small)."""
@@ -116,6 +118,7 @@ def next_status(
     replicas: int | None = None,
     layout: Mapping[str, int] | None = None,
     recovery: Mapping[str, Any] | None = None,
+    stragglers: Sequence[Mapping[str, Any]] | None = None,
     at: str | None = None,
 ) -> dict[str, Any]:
     """The new status (wire form) from the old one and what this reconcile observed/decided.
@@ -123,7 +126,8 @@ def next_status(
     Fields passed as ``None`` keep their old value; ``step`` and ``complete_step`` never move
     backwards (a sidecar that lost its registration must not rewind the reported progress).
     ``recovery`` (a ``RecoveryRecord`` in wire form) replaces the record of the same
-    generation or is appended; the newest :data:`MAX_RECOVERIES_KEPT` are kept.
+    generation or is appended; the newest :data:`MAX_RECOVERIES_KEPT` are kept. ``stragglers``
+    (``StragglerRecord`` in wire form: the current generation's) replaces ``status.stragglers``.
 
     Returns:
         A dict validated by :class:`~lifeline.api.TrainingJobStatus` (raises ``ValidationError``
@@ -148,7 +152,17 @@ def next_status(
         recs = [r for r in st.get("recoveries", []) if r.get("generation") != recovery.get("generation")]
         recs.append(dict(recovery))
         st["recoveries"] = sorted(recs, key=lambda r: r["generation"])[-MAX_RECOVERIES_KEPT:]
+    if stragglers is not None:
+        st["stragglers"] = [dict(s) for s in stragglers]
     st["conditions"] = conditions_for_phase(
         st.get("conditions", []), phase, reason=reason, message=message, observed_generation=observed_generation, at=at
     )
     return TrainingJobStatus.model_validate(st).to_wire()
+
+
+def recovery_record(plan: RecoveryPlan, now: float) -> RecoveryRecord:
+    """The ``status.recoveries[]`` record of a committed plan, started at ``now`` (seconds since the epoch)."""
+    return RecoveryRecord(generation=plan.generation, kind=plan.action, ranks=list(plan.failed_ranks),
+                          from_step=plan.restore_step, tier=plan.farthest_tier,
+                          started_at=datetime.fromtimestamp(int(now), timezone.utc), reason=plan.reason[:1000],
+                          layout=plan.layout if plan.action is RecoveryAction.RESHARD else None)

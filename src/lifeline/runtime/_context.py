@@ -334,7 +334,8 @@ class RuntimeContext:
             self.last_step = int(step)
         report = ProgressReport(event, self.job, self.rank, self.generation, round(time.time(), 4),
                                 None if step is None else int(step), fields)
-        print(report.to_json(), file=sys.stdout, flush=True)
+        sys.stdout.write(report.to_json() + "\n")  # one write with its newline: a kill cannot cut the two
+        sys.stdout.flush()                            # apart (print writes them separately when unbuffered)
         if record and self.catalog is not None:
             try:
                 self.catalog.report(report)

@@ -24,8 +24,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from lifeline.checkpoint import Layout, PatternRules, Placed, RankCoords
-from lifeline.checkpoint._patterns import Pattern
+from lifeline.checkpoint import Layout, Pattern, PatternRules, Placed, RankCoords
 from lifeline.errors import CheckpointError, ConfigError
 
 __all__ = ["LiveShard", "StateRules", "live_shard", "rebuild"]

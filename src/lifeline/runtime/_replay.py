@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from lifeline.api.recovery import RecoveryPlan
 from lifeline.catalog import Catalog
 from lifeline.errors import CatalogError, LifelineError, RecoveryError
 from lifeline.runtime._verify import perturb_point
-from lifeline.sidecar.client import LogKey
+from lifeline.sidecar.client import LogKey, SidecarClient
 
 __all__ = ["UpstreamLog", "localized_recovery", "restore_window"]
 
@@ -43,7 +44,8 @@ class UpstreamLog:
         keep_steps: steps of log kept (two windows); older entries are dropped from the sidecar.
     """
 
-    def __init__(self, client: Any, catalog: Catalog | None, rank: int, stage: int, keep_steps: int) -> None:
+    def __init__(self, client: Callable[[], SidecarClient], catalog: Catalog | None, rank: int, stage: int,
+                 keep_steps: int) -> None:
         self._client, self.catalog = client, catalog
         self.rank, self.stage, self.keep_steps = rank, stage, max(1, keep_steps)
         self.first: int | None = None
@@ -86,7 +88,9 @@ class UpstreamLog:
         (invariant 1; a replay checks it), so the coverage stays ``first..last``; a restarted
         process takes the coverage it recorded in the catalog before the failure. The sparse slots
         of a window being replayed thus stay restorable: a failure during the replay restores the
-        same window again. A restore before ``first`` starts the coverage over."""
+        same window again. A restore before ``first`` starts the coverage over. Steps whose original
+        and replica both died since (two sidecars lost) are cut by the catalog, which records the
+        coverage from the step after them on (:meth:`lifeline.catalog.Catalog.record_log_coverage`)."""
         if self.first is None and self.catalog is not None:
             try:
                 mine = [c for c in self.catalog.log_coverage() if c.rank == self.rank]

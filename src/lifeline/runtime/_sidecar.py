@@ -14,7 +14,7 @@ from lifeline.checkpoint import (Layout, PatternRules, list_steps, load, load_sh
                                  read_manifest, storage_from_uri, StorageOptions)
 from lifeline.errors import CatalogError, CheckpointError, ChecksumError, ManifestError, StorageError
 from lifeline.sidecar.client import SidecarClient
-from lifeline.sidecar.reader import SidecarBlobReader, manifest_from_catalog
+from lifeline.sidecar.client.reader import SidecarBlobReader, manifest_from_catalog
 
 __all__ = ["ReshardReport", "SidecarCheckpointer"]
 
@@ -61,7 +61,7 @@ class SidecarCheckpointer:
     another layout, this rank's blob does not exist; the restore then reads the universal
     checkpoint resharded (:func:`lifeline.checkpoint.load_shard` intersects this rank's chunks with
     the stored ones and reads only those byte ranges): from the sidecars holding the step in memory
-    (:class:`~lifeline.sidecar.reader.SidecarBlobReader`, manifest from the catalog), a range no
+    (:class:`~lifeline.sidecar.client.reader.SidecarBlobReader`, manifest from the catalog), a range no
     sidecar serves from L2 (``LIFELINE_PERSIST_URI``, S3 settings as the sidecar's), and the whole
     load again from L2 when no memory copy of a chunk verifies. ``last_reshard`` then says where the
     bytes came from (:class:`ReshardReport`).
@@ -75,7 +75,7 @@ class SidecarCheckpointer:
             and only its restore waits for the sidecar).
     """
 
-    def __init__(self, settings: Any, layout: Layout, rules: PatternRules, client: Any = None) -> None:
+    def __init__(self, settings: Any, layout: Layout, rules: PatternRules, client: SidecarClient | None = None) -> None:
         self.settings = settings
         self._client = client
         self.layout, self.rules, self.rank = layout, rules, settings.rank
@@ -86,7 +86,7 @@ class SidecarCheckpointer:
         self._l2_store: tuple[Any, str] | tuple[()] | None = None
 
     @property
-    def client(self) -> Any:
+    def client(self) -> SidecarClient:
         """The ``SidecarClient`` (connected on first use; waits for the sidecar's socket up to
         ``LIFELINE_CONNECT_TIMEOUT_SECONDS``).
 

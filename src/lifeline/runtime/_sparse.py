@@ -3,8 +3,9 @@
 :class:`SparseWindows` captures one **slot** per step into the sidecar's log store (replicated to
 the L1 peer with the upstream log, kept and garbage-collected with it): at step ``start + i`` of a
 window of W steps (``start`` a multiple of W) the operators of slot ``i`` ACTIVE (weights and AdamW
-state), the operators of later slots FROZEN (weights) and the byte entries (data position, RNG;
-the learning rate is a function of the step and the gradient norm comes from the upstream log).
+state), the operators of later slots FROZEN (weights, in the trainer's ``compute_dtype``) and the
+byte entries (data position, RNG; the learning rate is a function of the step and the gradient norm
+comes from the upstream log).
 The schedule is planned at every window start (:func:`lifeline.checkpoint.plan_window`, least
 popular experts first, over the activation counts of the previous window and a budget of the
 last step's time x the measured copy bandwidth), stretched to W (:func:`with_window`).
@@ -20,7 +21,10 @@ weights exact bit for bit; their optimizer update is overwritten by the next slo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from lifeline.checkpoint import (
     Layout,
@@ -36,7 +40,7 @@ from lifeline.checkpoint import (
 )
 from lifeline.errors import LifelineError, RecoveryError
 from lifeline.runtime._hooks import ProvidesRestoreState
-from lifeline.sidecar.client import LogKey
+from lifeline.sidecar.client import LogKey, SidecarClient
 
 __all__ = ["SparseWindows"]
 
@@ -57,8 +61,8 @@ class SparseWindows:
     and ``expert_activations()`` (:class:`~lifeline.models.gpt_moe.GPTMoETrainer` does).
     """
 
-    def __init__(self, client: Any, *, job: str, layout: Layout, rank: int, rules: PatternRules, stage: int,
-                 window: int) -> None:
+    def __init__(self, client: Callable[[], SidecarClient], *, job: str, layout: Layout, rank: int,
+                 rules: PatternRules, stage: int, window: int) -> None:
         self._client = client
         self.job, self.layout, self.rank, self.rules, self.stage = job, layout, rank, rules, stage
         self.window = max(1, int(window))
@@ -96,7 +100,7 @@ class SparseWindows:
         record = SlotRecord(start, self.window, index, tuple(slots[index]),
                             tuple(n for s in slots[index + 1 :] for n in s), slots)
         _, members = trainer.sparse_operators()
-        entries = slot_entries(trainer.state(), record, members)
+        entries = slot_entries(trainer.state(), record, members, compute_dtype=_compute_dtype(trainer))
         packed = pack_slot(entries, record, job=self.job, layout=self.layout, rank=self.rank, rules=self.rules)
         packed_s = time.perf_counter() - t0
         if packed_s > 0:
@@ -124,9 +128,12 @@ class SparseWindows:
         slots cost stall: :attr:`over_budget` says so."""
         ops, _ = trainer.sparse_operators(self._activations)
         budget = max(1, budget_bytes(max(step_seconds, 1e-6), self._copy_bps))
-        planned = plan_window(ops, budget_bytes=budget)
+        frozen = _compute_dtype(trainer)
+        per_param = min(4, frozen.itemsize) if frozen is not None and frozen.is_floating_point else 4
+        planned = plan_window(ops, budget_bytes=budget, compute_bytes_per_param=per_param)
         self.over_budget = planned.window > self.window
-        base = plan_window(ops, budget_bytes=_UNBOUNDED) if self.over_budget else planned
+        base = plan_window(ops, budget_bytes=_UNBOUNDED, compute_bytes_per_param=per_param) if self.over_budget \
+            else planned
         self.schedule = with_window(base, self.window)
         self._window_plan = (start, tuple(tuple(s) for s in self.schedule.slots))
         self._activations = {}
@@ -181,6 +188,12 @@ class SparseWindows:
         if record.plan:  # captures inside this window go on with its schedule
             self._window_plan = (record.start, record.plan)
         return record
+
+
+def _compute_dtype(trainer: Any) -> torch.dtype | None:
+    """The trainer's ``compute_dtype`` (FROZEN weights are stored in it), ``None`` when it has none."""
+    dtype = getattr(trainer, "compute_dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def window_start(step: int, window: int) -> int:

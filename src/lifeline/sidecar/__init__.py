@@ -17,7 +17,7 @@ __getattr__, __dir__ = exports(__name__, {
     "SidecarClient": "client",
     "SaveReceipt": "client",
     "RestoreResult": "client",
-    "LogKey": "_logkey",
+    "LogKey": "client",
     "Sidecar": "server",
     "run_sidecar": "server",
 })

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from lifeline.errors import AuthError, ChecksumError, PeerError
-from lifeline.sidecar._frames import (
+from lifeline.sidecar.frames import (
     CTRL,
     DATA,
     HAS_CRC,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from lifeline.api.pod import SidecarSettings
-from lifeline.sidecar.arena import Arena
+from lifeline.sidecar.client.arena import Arena
 from lifeline.sidecar.store import Holding, Store
 
 __all__ = ["Memory"]
@@ -39,13 +39,16 @@ class Memory:
         self._on_evict = on_evict
         self._spares: list[bytearray] = []  # at most one evicted replica buffer, reused by the next
 
-    def acquire_slot(self, timeout: float | None) -> int | None:
+    def acquire_slot(self, timeout: float | None, cancelled: Callable[[], bool] | None = None) -> int | None:
         """A free arena slot, evicting the oldest evictable L0 checkpoint if needed.
 
-        Waits up to ``timeout`` seconds (``None``: forever, 0: not at all); ``None`` when none freed.
+        Waits up to ``timeout`` seconds (``None``: forever, 0: not at all); ``None`` when none freed,
+        or when ``cancelled()`` (asked every 0.5 s of waiting) says the caller is gone.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if cancelled is not None and cancelled():
+                return None
             with self.store.cond:
                 if self.free_slots:
                     return self.free_slots.pop(0)
@@ -91,8 +94,7 @@ class Memory:
 
     def unpin(self, h: Holding) -> None:
         """Release a reader's pin; frees an evicted holding's slot once its last reader is done."""
-        self.store.unpin(h)
-        if h.evicted and h.pins == 0 and h.slot is not None:
+        if self.store.unpin(h) and h.evicted and h.slot is not None:
             self.release_slot(h.slot)
 
     def _evicted(self, h: Holding) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from lifeline.errors import AuthError, ChecksumError, LifelineError, PeerError
 from lifeline.sidecar import _format
 from lifeline.sidecar._channel import Channel
-from lifeline.sidecar._frames import crc32c
+from lifeline.sidecar.frames import crc32c
 from lifeline.sidecar._verify import BlobVerifier
 from lifeline.sidecar.store import Holding
 

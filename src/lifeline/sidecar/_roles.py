@@ -86,8 +86,9 @@ class TrainerSide(LogSide, Protocol):
     def catalog_dirty(self) -> bool:
         """Whether the catalog view needs a resynchronisation."""
 
-    def acquire_slot(self, timeout: float | None) -> int | None:
-        """An arena slot to write the next save into (``None``: none freed within ``timeout`` seconds)."""
+    def acquire_slot(self, timeout: float | None, cancelled: Callable[[], bool] | None = None) -> int | None:
+        """An arena slot to write the next save into (``None``: none freed within ``timeout`` seconds,
+        or ``cancelled()`` said the trainer is gone)."""
 
     def release_slot(self, slot: int) -> None:
         """Give back a slot that was lent and not committed."""

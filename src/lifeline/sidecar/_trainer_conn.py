@@ -21,13 +21,14 @@ from __future__ import annotations
 import base64
 import logging
 import pickle
+import select
 import socket
 import time
 from typing import TYPE_CHECKING
 
 from lifeline.errors import LifelineError, PeerError
 from lifeline.sidecar import ulog
-from lifeline.sidecar._frames import recv_ctrl, send_ctrl
+from lifeline.sidecar.frames import recv_ctrl, send_ctrl
 
 if TYPE_CHECKING:  # what these handlers may use of the sidecar (no import of server: no circle)
     from lifeline.sidecar._roles import TrainerSide
@@ -112,6 +113,16 @@ def serve_trainer(sc: TrainerSide, conn: socket.socket, addr) -> None:
             sc.unpin(h)
 
 
+def _hung_up(conn) -> bool:
+    """Whether the trainer closed its end (a killed trainer's wait for a slot must end: its connection
+    holds the pins of what it was restoring until this thread returns). Never blocks."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
 def _acquire(sc: TrainerSide, conn, msg, lent: set[int]) -> None:
     nbytes = int(msg["nbytes"])
     if nbytes > sc.s.slot_bytes:
@@ -125,7 +136,7 @@ def _acquire(sc: TrainerSide, conn, msg, lent: set[int]) -> None:
     else:
         sc.metrics.waiting.inc()
         try:
-            slot = sc.acquire_slot(float(msg.get("timeout", 600.0)))
+            slot = sc.acquire_slot(float(msg.get("timeout", 600.0)), lambda: _hung_up(conn))
         finally:
             sc.metrics.waiting.dec()
     waited = time.perf_counter() - t0

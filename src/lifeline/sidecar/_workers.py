@@ -36,7 +36,14 @@ class Watermarks:
 
 
 class PersistDue:
-    """The newest checkpoint due for L2 (an older one waiting is superseded and unpinned)."""
+    """The newest checkpoint due for L2 (an older one waiting is superseded and unpinned).
+
+    Each holding offered carries one pin for persistence, owned by exactly one party at a time: this
+    object while it waits here, the persister from :meth:`take` until it hands it back
+    (:meth:`retry`) or drops it (``memory.unpin``). A pin unpinned twice would leave the holding
+    with a negative count, which the store never evicts (seed 5098: a MinIO outage during a save,
+    then the trainer waited for an arena slot until the job was declared hung).
+    """
 
     def __init__(self, memory: Memory) -> None:
         self.memory = memory
@@ -49,7 +56,25 @@ class PersistDue:
             old, self.holding = self.holding, h
             self.cv.notify_all()
         if old is not None:
-            self.memory.unpin(old)  # superseded before it reached L2
+            self.memory.unpin(old)  # superseded before the persister took it
+
+    def take(self, stopping: threading.Event) -> Holding | None:
+        """The holding due, now the caller's (with its pin); waits for one, ``None`` once ``stopping``."""
+        with self.cv:
+            while self.holding is None and not stopping.is_set():
+                self.cv.wait(1.0)
+            h, self.holding = self.holding, None
+            return h
+
+    def retry(self, h: Holding) -> bool:
+        """Hand back ``h`` after a failed attempt: due again unless a newer one was offered meanwhile
+        (then ``h`` is superseded and unpinned). ``True`` when it is due again."""
+        with self.cv:
+            if self.holding is None:
+                self.holding = h
+                return True
+        self.memory.unpin(h)
+        return False
 
     def wake(self) -> None:
         with self.cv:
@@ -128,7 +153,7 @@ class Replicator:
     def _cover(self, mark: CoverageMark) -> None:
         first = max(mark.first, self.hole + 1)
         if first <= mark.last:
-            self.link.call(self.link.catalog.record_log_coverage, LogCoverage(mark.rank, first, mark.last))
+            self.link.call(self.link.catalog.record_log_coverage, LogCoverage(mark.rank, first, mark.last))  # replicated
 
     def _one(self, h: Holding, conns: dict[int, PeerClient]) -> bool:
         """Send ``h`` to every target; ``True`` when each acknowledged it."""
@@ -194,27 +219,20 @@ class Persister:
     def run(self) -> None:
         backoff = 0.5
         while not self.stopping.is_set():
-            with self.due.cv:
-                while self.due.holding is None and not self.stopping.is_set():
-                    self.due.cv.wait(1.0)
-                h = self.due.holding
+            h = self.due.take(self.stopping)
             if h is None:
                 return
             try:
                 self._one(h)
-                backoff = 0.5
-                with self.due.cv:
-                    if self.due.holding is h:
-                        self.due.holding = None
-                self.memory.unpin(h)
             except (StorageError, CatalogError, ManifestError, OSError) as err:
                 self.metrics.errors.labels("storage" if not isinstance(err, CatalogError) else "catalog").inc()
                 log.warning("persisting step %d failed; retrying in %.1f s: %s", h.step, backoff, err)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-                with self.due.cv:
-                    if self.due.holding is not h:  # superseded meanwhile
-                        self.memory.unpin(h)
+                self.due.retry(h)  # or superseded meanwhile: unpinned
+                continue
+            backoff = 0.5
+            self.memory.unpin(h)
 
     def _one(self, h: Holding) -> None:
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Mutual HMAC-SHA256 challenge–response on every sidecar-to-sidecar connection.
 
-Protocol (control frames, see :mod:`lifeline.sidecar._frames`)::
+Protocol (control frames, see :mod:`lifeline.sidecar.frames`)::
 
     server → client  {"op": "challenge", "nonce": Ns}
     client → server  {"op": "auth", "job": J, "nonce": Nc, "frames": V, "mac": HMAC(secret, "client"|J|Ns|Nc|V)}
@@ -25,7 +25,7 @@ import socket
 from typing import Any
 
 from lifeline.errors import AuthError, PeerError
-from lifeline.sidecar._frames import (
+from lifeline.sidecar.frames import (
     CTRL,
     recv_ctrl,
     recv_header,

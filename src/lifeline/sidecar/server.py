@@ -109,9 +109,9 @@ class Sidecar:
         """See :meth:`CatalogLink.call`."""
         return self.link.call(fn, *args, **kwargs)
 
-    def acquire_slot(self, timeout: float | None) -> int | None:
+    def acquire_slot(self, timeout: float | None, cancelled: Callable[[], bool] | None = None) -> int | None:
         """See :meth:`Memory.acquire_slot`."""
-        return self.memory.acquire_slot(timeout)
+        return self.memory.acquire_slot(timeout, cancelled)
 
     def release_slot(self, slot: int) -> None:
         self.memory.release_slot(slot)

@@ -11,12 +11,14 @@ once ``release`` agrees (the sidecar forgets its catalog entry there unless a pl
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Holding", "Store", "Key"]
 
+log = logging.getLogger("lifeline.sidecar.store")
 Key = tuple[str, int, int]  # (kind "shard" | "ulog:<...>", step, rank)
 
 
@@ -103,11 +105,19 @@ class Store:
                 h.pins += 1
             return h
 
-    def unpin(self, h: Holding) -> None:
+    def unpin(self, h: Holding) -> bool:
+        """Drop one pin of ``h``; ``True`` when it was the last (``h`` may be evicted now). A holding
+        without pins stays at 0 (an extra unpin is a caller's bug: logged, never a negative count,
+        which would keep ``h`` from eviction forever)."""
         with self.cond:
+            if h.pins <= 0:
+                log.error("unpin of %s step %d rank %d without a pin", h.kind, h.step, h.rank)
+                return False
             h.pins -= 1
+            last = h.pins == 0
             self.cond.notify_all()
         self.enforce()
+        return last
 
     # -- changes ---------------------------------------------------------------------------------
     def _evictable(self, h: Holding, protect: set) -> bool:

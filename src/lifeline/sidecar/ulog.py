@@ -22,8 +22,8 @@ from lifeline.catalog import LogCoverage
 from lifeline.checkpoint import read_window_slot
 from lifeline.control import place_replicas
 from lifeline.errors import ChecksumError, LifelineError, PeerError
-from lifeline.sidecar._frames import crc32c, recv_data_into, send_ctrl, send_data
-from lifeline.sidecar._logkey import LogKey
+from lifeline.sidecar.frames import crc32c, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar.client import LogKey
 from lifeline.sidecar._workers import CoverageMark
 from lifeline.sidecar.store import Holding
 
@@ -69,7 +69,7 @@ def serve_trainer_op(sc: LogSide, conn, msg: dict) -> None:
         if sc.s.peer_replicas > 0:
             sc.repl_q.put(mark)  # recorded once the entries queued before it were sent to the peers
         else:
-            sc.link.call(sc.catalog.record_log_coverage, LogCoverage(mark.rank, mark.first, mark.last))
+            sc.link.call(sc.catalog.record_log_coverage, LogCoverage(mark.rank, mark.first, mark.last, replicas=0))
     elif op == "log_gc":
         before = int(msg["before"])
         dropped = 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from lifeline.devcluster import _proc
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.devcluster.node._common import now_rfc3339
 from lifeline.devcluster.node.probes import Prober, resolve_argv
 from lifeline.devcluster.node.volumes import expand
@@ -92,7 +93,7 @@ class Container:
             self.proc = None
             self.schedule_restart(time.monotonic())
             return
-        self.pid_file.write_text(str(self.proc.pid))
+        self.pid_file.write_text(str(ProcessRef.of(self.proc.pid)))  # checked before any signal
         self.started_at = now_rfc3339()
         self.started_mono = time.monotonic()
         self.state = {"running": {"startedAt": self.started_at}}

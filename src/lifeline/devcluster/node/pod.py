@@ -21,6 +21,7 @@ import traceback
 from kubernetes.client.exceptions import ApiException
 
 from lifeline.devcluster import _proc
+from lifeline.devcluster._identity import ProcessRef
 from lifeline.devcluster.node._common import NodeHost, describe, now_rfc3339
 from lifeline.devcluster.node._container import Container
 from lifeline.devcluster.node._sandbox import PodSandbox
@@ -227,7 +228,7 @@ class PodWorker(threading.Thread):
             c.done = True
         for f in (self.dir / "containers").glob("*.pid"):  # leftovers from a killed previous agent
             try:
-                _proc.kill_group(int(f.read_text()), signal.SIGKILL)
+                _proc.kill_group(ProcessRef.parse(f.read_text()), signal.SIGKILL)  # a stranger by now is spared
             except (OSError, ValueError):
                 pass
             f.unlink(missing_ok=True)

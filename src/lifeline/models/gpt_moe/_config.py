@@ -9,7 +9,7 @@ from typing import Any, Literal
 from lifeline.checkpoint import Layout
 from lifeline.errors import ConfigError, LayoutError
 
-__all__ = ["GPTMoEConfig", "EOD_TOKEN", "BYTE_VOCAB", "SCHEDULES"]
+__all__ = ["GPTMoEConfig", "EOD_TOKEN", "BYTE_VOCAB", "COMPUTE_DTYPES", "SCHEDULES"]
 
 BYTE_VOCAB = 256
 """Byte-level tokens ``0..255``."""
@@ -17,6 +17,8 @@ EOD_TOKEN = 256
 """The end-of-document token appended after every source file (logical vocabulary 257)."""
 SCHEDULES = ("gpipe", "1f1b")
 """The pipeline schedules :attr:`GPTMoEConfig.schedule` takes."""
+COMPUTE_DTYPES = ("float32", "bfloat16")
+"""The dtypes :attr:`GPTMoEConfig.compute_dtype` takes."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class GPTMoEConfig:
       and updates the AdamW moments of its partition of every parameter only, then the
       parameters are all-gathered (bit-identical to ``False``; checkpoints store the moments with
       the ``Zero1`` pattern and reshard to any layout, with or without ZeRO-1).
+    * ``compute_dtype`` — the dtype the forward and backward passes use the parameters in:
+      ``"float32"`` or ``"bfloat16"`` (fp32 masters updated by AdamW, each parameter used rounded
+      to bfloat16: :mod:`~lifeline.models.gpt_moe._precision`). Sparse checkpoints store FROZEN
+      operators in it (2 bytes per parameter for bfloat16, MoEvement §4).
     * ``seed`` — parameter initialisation (per tensor, layout-independent), data order, RNG per rank.
     """
 
@@ -81,6 +87,7 @@ class GPTMoEConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     zero1: bool = False
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     init_std: float = 0.02
     seed: int = 1234
 
@@ -125,6 +132,9 @@ class GPTMoEConfig:
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} must be one of {', '.join(map(repr, SCHEDULES))}",
                               field="schedule")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"compute_dtype={self.compute_dtype!r} must be one of "
+                              f"{', '.join(map(repr, COMPUTE_DTYPES))}", field="compute_dtype")
         if self.positions not in ("rope", "learned"):
             raise ConfigError(f"positions={self.positions!r} must be 'rope' or 'learned'", field="positions")
         if self.corpus_bytes < 2 * (self.seq_len + 1):

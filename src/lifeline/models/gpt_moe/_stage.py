@@ -7,12 +7,14 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from lifeline.checkpoint import Layout, Padded, RankCoords
 from lifeline.models.gpt_moe._config import GPTMoEConfig
 from lifeline.models.gpt_moe._layers import Block
 from lifeline.models.gpt_moe._parallel import ParallelContext, copy_to_tensor
 from lifeline.models.gpt_moe._patterns import pattern_rules
+from lifeline.models.gpt_moe._precision import compute_weights, torch_dtype
 from lifeline.models.gpt_moe._vocab import vocab_parallel_cross_entropy, vocab_parallel_embedding
 
 __all__ = ["GPTMoEStage", "stage_layers"]
@@ -102,7 +104,15 @@ class GPTMoEStage(nn.Module):
     def _group(self):
         return self.par.require("tensor") if self.par.tensor > 1 else None
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, *, rounded: bool = False) -> tuple[Tensor, Tensor]:
+        """``x``: token ids ``(batch, seq)`` int64 on the first stage, else hidden states ``(batch, seq,
+        d_model)`` float32 → (hidden states, or the last stage's logits, float32; the stage's
+        load-balancing loss, a float32 scalar). With ``cfg.compute_dtype`` other than float32 every
+        parameter enters as its rounding to that dtype (:mod:`~lifeline.models.gpt_moe._precision`);
+        ``rounded`` marks the call that already has them."""
+        dtype = torch_dtype(self.cfg.compute_dtype)
+        if dtype != torch.float32 and not rounded:
+            return functional_call(self, compute_weights(self, dtype), (x,), {"rounded": True})
         aux = torch.zeros(())
         group = self._group()
         if self.first:

@@ -23,6 +23,7 @@ from lifeline.models.gpt_moe._operators import expert_operator, stage_operators
 from lifeline.models.gpt_moe._parallel import ParallelContext
 from lifeline.models.gpt_moe._patterns import pattern_rules
 from lifeline.models.gpt_moe._pipeline import PipelineStep
+from lifeline.models.gpt_moe._precision import torch_dtype
 from lifeline.models.gpt_moe._lr_schedule import apply_clip, clip_coefficient, local_sumsq, lr_at
 from lifeline.models.gpt_moe._pipeline_schedules import schedule_ops
 from lifeline.models.gpt_moe._stage import GPTMoEStage
@@ -262,6 +263,12 @@ class GPTMoETrainer:
         """Tokens routed to each expert operator of this stage in the last step (this rank's tokens)."""
         return {expert_operator(layer, e): int(n) for layer, c in self.expert_counts().items()
                 for e, n in enumerate(c.tolist())}
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward and backward passes use the parameters in (``cfg.compute_dtype``):
+        sparse checkpoints store FROZEN operators' weights in it (exact: the pass rounds them so)."""
+        return torch_dtype(self.cfg.compute_dtype)
 
     def sparse_operators(self, activations: Mapping[str, int] | None = None):
         """The stage's MoEvement operators and each one's state entries (see

@@ -27,12 +27,12 @@ from typing import Any
 from lifeline.catalog import Catalog
 from lifeline.checkpoint import Manifest, ShardMetadata, Storage, blob_key
 from lifeline.errors import CatalogError, LifelineError, ManifestError, PeerError, StorageError
-from lifeline.sidecar.client import SidecarClient
+from lifeline.sidecar.client._client import SidecarClient
 from lifeline.sidecar.peer import PeerClient
 
 __all__ = ["SidecarBlobReader", "manifest_from_catalog"]
 
-log = logging.getLogger("lifeline.sidecar.reader")
+log = logging.getLogger("lifeline.sidecar.client.reader")
 
 
 def manifest_from_catalog(catalog: Catalog, step: int, world_size: int | None = None) -> Manifest:

@@ -31,14 +31,14 @@ from lifeline.errors import (
     RecoveryError,
     SidecarError,
 )
-from lifeline.sidecar._copy import write_parallel
-from lifeline.sidecar._frames import recv_ctrl, recv_data_into, send_ctrl, send_data
-from lifeline.sidecar._logkey import LogKey
-from lifeline.sidecar._receipts import RestoreResult, SaveReceipt
-from lifeline.sidecar._staging import HostStager, host_bytes
-from lifeline.sidecar.arena import ArenaView
+from lifeline.sidecar.client._copy import write_parallel
+from lifeline.sidecar.frames import recv_ctrl, recv_data_into, send_ctrl, send_data
+from lifeline.sidecar.client._logkey import LogKey
+from lifeline.sidecar.client._receipts import RestoreResult, SaveReceipt
+from lifeline.sidecar.client._staging import host_bytes
+from lifeline.sidecar.client.arena import ArenaView
 
-__all__ = ["HostStager", "PendingSave", "RestoreResult", "SaveReceipt", "SidecarClient"]
+__all__ = ["PendingSave", "SidecarClient"]
 
 
 class PendingSave:
@@ -374,6 +374,6 @@ class SidecarClient:
 
 def _bytes_view(data: Any) -> memoryview:
     """The bytes of an upstream-log entry: a tensor on any device (a device tensor staged to host
-    memory through a pinned buffer of its own, :mod:`lifeline.sidecar._staging`: entries may be put from
+    memory through a pinned buffer of its own, :mod:`lifeline.sidecar.client._staging`: entries may be put from
     several threads) or bytes-like."""
     return host_bytes(data)
