@@ -9,7 +9,7 @@ from lifeline.api.trainingjob import LayoutSpec, RecoveryAction
 from lifeline.catalog import Catalog
 from lifeline.checkpoint import Storage, consolidate, list_steps, read_manifest
 from lifeline.launch._observe import seed_l2_holdings
-from lifeline.launch.summary import await_l2_step, checksum_digest, state_digest
+from lifeline.launch.summary import await_l2_step, await_metas, checksum_digest, state_digest
 
 __all__ = ["resume_plan", "final_digest"]
 
@@ -36,9 +36,10 @@ def resume_plan(catalog: Catalog, storage: Storage, prefix: str, job: str, layou
 def final_digest(catalog: Catalog, found: tuple[Storage, str] | None, job: str, step: int,
                  persist_every: int | None) -> dict[str, Any]:
     """Digest of the final checkpoint: of the consolidated L2 state when ``step`` is persisted
-    (awaited up to 120 s), else of the catalog's chunk checksums."""
+    (awaited up to 120 s), else of the catalog's chunk checksums (every rank's filing awaited up to
+    60 s: the sidecars file the final save a moment after the trainers finished)."""
     if found is not None and persist_every and step % persist_every == 0:
         storage, prefix = found
         if await_l2_step(storage, prefix, job, step, 120.0):
             return {"sha256": state_digest(consolidate(storage, prefix, job, step)), "source": "L2", "step": step}
-    return {"sha256": checksum_digest(catalog.metas(step)), "source": "checksums", "step": step}
+    return {"sha256": checksum_digest(await_metas(catalog, step, 60.0)), "source": "checksums", "step": step}

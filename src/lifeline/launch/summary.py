@@ -13,9 +13,9 @@ import torch
 
 from lifeline.checkpoint import Storage, list_steps
 from lifeline.control import EttrBreakdown, ettr
-from lifeline.errors import StorageError
+from lifeline.errors import CatalogError, StorageError
 
-__all__ = ["state_digest", "checksum_digest", "await_l2_step", "summarize"]
+__all__ = ["state_digest", "checksum_digest", "await_l2_step", "await_metas", "summarize"]
 
 
 def state_digest(tensors: dict[str, Any]) -> str:
@@ -59,6 +59,29 @@ def await_l2_step(storage: Storage, prefix: str, job: str, step: int, timeout: f
             pass
         if time.monotonic() > deadline:
             return False
+        time.sleep(0.05)
+
+
+def await_metas(catalog: Any, step: int, timeout: float) -> list[str | None]:
+    """Every rank's shard metadata of ``step`` from ``catalog`` (``Catalog.metas``), polled until none
+    is missing, at most ``timeout`` seconds, riding out a Redis restart; what is there then.
+
+    A trainer's save returns once its bytes are in the sidecar's arena; the sidecar seals the blob
+    (checksums) and files it in the catalog a moment later. A run whose trainers all finished can
+    thus be read before the last rank's final checkpoint is filed: digested then, it would name that
+    rank ``missing`` and differ from an identical run's digest (a failure-free run did, 1 in 12 under
+    load)."""
+    deadline = time.monotonic() + timeout
+    metas: list[str | None] = []
+    while True:
+        try:
+            metas = catalog.metas(step)
+            if metas and all(m is not None for m in metas):
+                return metas
+        except CatalogError:  # Redis restarting: keep asking
+            pass
+        if time.monotonic() > deadline:
+            return metas
         time.sleep(0.05)
 
 
