@@ -148,7 +148,7 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
     """Kill one trainer, restart every rank from the latest DCP checkpoint in MinIO."""
     from lifeline.devcluster.services import MinioServer, RedisServer
     from lifeline.launch.env import Secrets, rank_processes
-    from lifeline.launch.services import _ensure_bucket
+    from lifeline.launch.services import ensure_bucket
     from lifeline.launch.spec import load_for_launch
     from lifeline.api import RecoveryAction, RecoveryPlan
     from lifeline.catalog import Catalog
@@ -159,7 +159,7 @@ def _baseline(root: Path, steps: int, persist_every: int, fail_step: int) -> dic
     minio = MinioServer(state_dir=root / "minio").start()
     procs: dict[int, subprocess.Popen] = {}
     try:
-        _ensure_bucket(minio.endpoint, minio.access_key, minio.secret_key, "s3://bench")
+        ensure_bucket(minio.endpoint, minio.access_key, minio.secret_key, "s3://bench")
         catalog = Catalog(redis.url, name, 4)
         extra = {"LIFELINE_BENCH_DCP_URI": f"lminio://bench/{name}", "LIFELINE_S3_ENDPOINT": minio.endpoint,
                  "LIFELINE_S3_ACCESS_KEY": minio.access_key, "LIFELINE_S3_SECRET_KEY": minio.secret_key}

@@ -34,7 +34,7 @@ from lifeline.checkpoint import Storage, StorageOptions, storage_from_uri
 from lifeline.devcluster.services import MinioServer, RedisServer
 from lifeline.errors import ConfigError
 
-__all__ = ["Services", "start_services", "prepare_binaries"]
+__all__ = ["Services", "start_services", "prepare_binaries", "ensure_bucket"]
 
 
 @dataclass
@@ -125,7 +125,13 @@ def _gcs_given() -> bool:
     return bool(os.environ.get("LIFELINE_GCS_ENDPOINT") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
 
 
-def _ensure_bucket(endpoint: str, access: str, secret: str, uri: str) -> None:
+def ensure_bucket(endpoint: str, access: str, secret: str, uri: str) -> None:
+    """Create the bucket of ``uri`` (``s3://<bucket>/...``) on the S3 server at ``endpoint``
+    (``host:port``, plain HTTP: the local MinIO a run starts) unless it exists.
+
+    Raises:
+        minio.error.S3Error: the server refused (credentials, a bucket name S3 rejects).
+    """
     from minio import Minio
 
     bucket = uri[len("s3://"):].split("/", 1)[0]
@@ -169,7 +175,7 @@ def start_services(job: TrainingJob, state_dir: Path, *, persist_uri: str | None
                 minio = MinioServer(state_dir=state_dir / "minio").start()
                 services.servers.append(minio)
                 s3_endpoint, access, secret = minio.endpoint, minio.access_key, minio.secret_key
-            _ensure_bucket(s3_endpoint, access, secret, uri)
+            ensure_bucket(s3_endpoint, access, secret, uri)
             services.persist_uri, services.s3_endpoint = uri, s3_endpoint
             services.s3_access_key, services.s3_secret_key = access, secret
         elif uri.startswith("az://"):
