@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from lifeline._poll import wait_for
 from lifeline.checkpoint import Storage, list_steps
 from lifeline.control import EttrBreakdown, ettr
 from lifeline.errors import CatalogError, StorageError
@@ -76,16 +77,17 @@ def await_metas(catalog: Any, step: int, timeout: float) -> list[str | None]:
     Raises:
         CatalogError: Redis was still unreachable when the wait ended.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def filed() -> list[str | None] | None:
         try:
             metas = catalog.metas(step)
-            if metas and all(m is not None for m in metas):
-                return metas
         except CatalogError:  # Redis restarting: keep asking
-            pass
-        time.sleep(0.05)
-    return catalog.metas(step)  # what is filed by now (a CatalogError if Redis stayed away)
+            return None
+        return metas if metas and all(m is not None for m in metas) else None
+
+    try:
+        return wait_for(filed, timeout, f"every rank's checksums of step {step}", interval=0.05)
+    except TimeoutError:
+        return catalog.metas(step)  # what is filed by now (a CatalogError if Redis stayed away)
 
 
 def _time_lost(recoveries: list[Any]) -> float:
